@@ -1,0 +1,334 @@
+"""The TOML configuration: parsing, strict validation and the path plan.
+
+Every problem is reported as one ConfigError whose message names the key
+("plane[2].device: ...") so the CLI can print a single line and exit 2.
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import ipaddress
+import re
+import tomllib
+from dataclasses import dataclass, field
+import pathlib
+
+from . import wire
+
+SPRAY_MODES = ("weighted", "flowlet", "hash")
+IFNAME_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,15}$")
+PEER_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,32}$")
+
+
+class ConfigError(ValueError):
+    """Invalid configuration or input; the message is one line."""
+
+
+@dataclass(frozen=True)
+class Plane:
+    index: int
+    device: str
+    weight: int = 1
+    address: ipaddress.IPv4Address | ipaddress.IPv6Address | None = None
+
+
+@dataclass(frozen=True)
+class Path:
+    """(plane, EV) toward one peer; `id` is what goes into the MRC header."""
+    id: int
+    plane: Plane
+    ev_index: int
+    ev: int                      # outer UDP source port
+    remote: ipaddress.IPv4Address | ipaddress.IPv6Address
+    weight: int
+
+    @property
+    def family(self) -> int:
+        return self.remote.version
+
+    @property
+    def label(self) -> str:
+        return f"{self.plane.device}/{self.ev}"
+
+
+@dataclass(frozen=True)
+class Peer:
+    index: int
+    name: str
+    overlay: ipaddress.IPv4Address
+    evs_per_plane: int
+    ev_base: int
+    spray: str
+    min_active: int
+    underlay: dict[str, ipaddress.IPv4Address | ipaddress.IPv6Address]
+    paths: tuple[Path, ...] = field(default=())
+
+
+@dataclass(frozen=True)
+class Health:
+    dead_after_ms: float = 5.0
+    probe_interval_ms: float = 20.0
+    recover_probes: int = 3
+    hedge: bool = False
+    liveness: bool = True
+
+
+@dataclass(frozen=True)
+class Config:
+    source: str
+    digest: str
+    overlay_device: str
+    overlay_address: ipaddress.IPv4Interface
+    mtu: int | None
+    udp_port: int
+    planes: tuple[Plane, ...]
+    peers: tuple[Peer, ...]
+    health: Health
+
+    def plane(self, device: str) -> Plane:
+        for p in self.planes:
+            if p.device == device:
+                return p
+        raise KeyError(device)
+
+    def peer(self, name: str) -> Peer:
+        for p in self.peers:
+            if p.name == name:
+                return p
+        raise KeyError(name)
+
+    def families(self) -> set[int]:
+        return {a.version for peer in self.peers for a in peer.underlay.values()}
+
+    def overhead(self) -> int:
+        """Encapsulation bytes added to every packet (largest underlay family)."""
+        return wire.MRC_OVERHEAD_V6 if 6 in self.families() else wire.MRC_OVERHEAD_V4
+
+
+# ---------------------------------------------------------------- parsing helpers
+
+_TYPE_NAMES = {str: "a string", int: "an integer", bool: "true or false",
+               float: "a number", dict: "a table", list: "an array"}
+
+
+def _typed(where: str, value, kind):
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if kind is int and isinstance(value, bool):
+        raise ConfigError(f"{where}: must be {_TYPE_NAMES[kind]}, not {value!r}")
+    if not isinstance(value, kind):
+        raise ConfigError(f"{where}: must be {_TYPE_NAMES[kind]}, not {value!r}")
+    return value
+
+
+def _check_keys(where: str, table: dict, allowed: set[str]) -> None:
+    for key in table:
+        if key not in allowed:
+            hint = difflib.get_close_matches(key, sorted(allowed), n=1)
+            extra = f" (did you mean {hint[0]!r}?)" if hint else ""
+            prefix = f"{where}." if where else ""
+            raise ConfigError(f"{prefix}{key}: unknown key{extra}")
+
+
+def _int_in(where: str, value, lo: int, hi: int) -> int:
+    value = _typed(where, value, int)
+    if not lo <= value <= hi:
+        raise ConfigError(f"{where}: {value} is out of range {lo}..{hi}")
+    return value
+
+
+def _ifname(where: str, value) -> str:
+    value = _typed(where, value, str)
+    if not IFNAME_RE.match(value):
+        raise ConfigError(f"{where}: {value!r} is not a valid interface name")
+    return value
+
+
+def _ip(where: str, value):
+    value = _typed(where, value, str)
+    try:
+        return ipaddress.ip_address(value)
+    except ValueError:
+        raise ConfigError(f"{where}: {value!r} is not an IP address") from None
+
+
+# ---------------------------------------------------------------- the loader
+
+def load(path: str | pathlib.Path) -> Config:
+    path = pathlib.Path(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read: {e.strerror}") from None
+    return parse(raw, source=str(path.resolve()))
+
+
+def parse(raw: bytes | str, source: str = "<string>") -> Config:
+    if isinstance(raw, str):
+        raw = raw.encode()
+    try:
+        doc = tomllib.loads(raw.decode())
+    except UnicodeDecodeError:
+        raise ConfigError("not UTF-8 text") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"TOML syntax: {e}") from None
+    digest = hashlib.sha256(raw).hexdigest()
+    return _build(doc, source, digest)
+
+
+def _build(doc: dict, source: str, digest: str) -> Config:
+    _check_keys("", doc, {"overlay", "plane", "peer", "health"})
+
+    overlay = _typed("overlay", doc.get("overlay", None) or {}, dict)
+    if "overlay" not in doc:
+        raise ConfigError("overlay: missing table [overlay]")
+    _check_keys("overlay", overlay, {"device", "address", "mtu", "udp_port"})
+    device = _ifname("overlay.device", overlay.get("device", "mrc0"))
+    if len(device) > 14:
+        raise ConfigError(f"overlay.device: {device!r} is longer than 14 characters")
+    if "address" not in overlay:
+        raise ConfigError("overlay.address: missing (e.g. \"172.31.0.1/24\")")
+    addr_s = _typed("overlay.address", overlay["address"], str)
+    try:
+        if "/" not in addr_s:
+            raise ValueError
+        ov_addr = ipaddress.IPv4Interface(addr_s)
+    except ValueError:
+        raise ConfigError(f"overlay.address: {addr_s!r} is not an IPv4 address with prefix length "
+                          "(the overlay carries IPv4)") from None
+    if ov_addr.ip.is_multicast or ov_addr.ip.is_unspecified or ov_addr.ip.is_loopback:
+        raise ConfigError(f"overlay.address: {addr_s!r} cannot be used as a host address")
+    mtu = overlay.get("mtu")
+    if mtu is not None:
+        mtu = _int_in("overlay.mtu", mtu, 576, 65535 - wire.MRC_OVERHEAD_V6)
+    udp_port = _int_in("overlay.udp_port", overlay.get("udp_port", wire.MRC_DEFAULT_UDP_PORT), 1, 65535)
+
+    planes_raw = doc.get("plane")
+    if planes_raw is None:
+        raise ConfigError("plane: at least one [[plane]] is required")
+    planes_raw = _typed("plane", planes_raw, list)
+    if not planes_raw:
+        raise ConfigError("plane: at least one [[plane]] is required")
+    if len(planes_raw) > wire.MRC_MAX_PLANES:
+        raise ConfigError(f"plane: {len(planes_raw)} planes, at most {wire.MRC_MAX_PLANES} are supported")
+    planes: list[Plane] = []
+    for i, p in enumerate(planes_raw):
+        where = f"plane[{i}]"
+        p = _typed(where, p, dict)
+        _check_keys(where, p, {"device", "weight", "address"})
+        if "device" not in p:
+            raise ConfigError(f"{where}.device: missing")
+        dev = _ifname(f"{where}.device", p["device"])
+        if dev == device:
+            raise ConfigError(f"{where}.device: {dev!r} is the overlay device")
+        if any(q.device == dev for q in planes):
+            raise ConfigError(f"{where}.device: duplicate plane {dev!r}")
+        weight = _int_in(f"{where}.weight", p.get("weight", 1), 0, 1000)
+        address = _ip(f"{where}.address", p["address"]) if "address" in p else None
+        planes.append(Plane(index=i, device=dev, weight=weight, address=address))
+
+    health = _health(doc.get("health", {}))
+
+    peers_raw = doc.get("peer")
+    if peers_raw is None:
+        raise ConfigError("peer: at least one [[peer]] is required")
+    peers_raw = _typed("peer", peers_raw, list)
+    if not peers_raw:
+        raise ConfigError("peer: at least one [[peer]] is required")
+    if len(peers_raw) > wire.MRC_MAX_PEERS:
+        raise ConfigError(f"peer: {len(peers_raw)} peers, at most {wire.MRC_MAX_PEERS} are supported")
+    peers: list[Peer] = []
+    for i, p in enumerate(peers_raw):
+        peers.append(_peer(i, _typed(f"peer[{i}]", p, dict), planes, ov_addr, peers))
+
+    if sum(p.weight for p in planes) == 0:
+        raise ConfigError("plane: every plane has weight 0, nothing could be sent")
+    return Config(source=source, digest=digest, overlay_device=device, overlay_address=ov_addr,
+                  mtu=mtu, udp_port=udp_port, planes=tuple(planes), peers=tuple(peers), health=health)
+
+
+def _health(h) -> Health:
+    h = _typed("health", h, dict)
+    _check_keys("health", h, {"dead_after_ms", "probe_interval_ms", "recover_probes", "hedge", "liveness"})
+    d = Health()
+    dead = _typed("health.dead_after_ms", h.get("dead_after_ms", d.dead_after_ms), float)
+    if not 0.5 <= dead <= 60000:
+        raise ConfigError(f"health.dead_after_ms: {dead:g} is out of range 0.5..60000")
+    probe = _typed("health.probe_interval_ms", h.get("probe_interval_ms", d.probe_interval_ms), float)
+    if not 1 <= probe <= 60000:
+        raise ConfigError(f"health.probe_interval_ms: {probe:g} is out of range 1..60000")
+    k = _int_in("health.recover_probes", h.get("recover_probes", d.recover_probes), 1, 100)
+    hedge = _typed("health.hedge", h.get("hedge", d.hedge), bool)
+    live = _typed("health.liveness", h.get("liveness", d.liveness), bool)
+    return Health(dead_after_ms=dead, probe_interval_ms=probe, recover_probes=k, hedge=hedge, liveness=live)
+
+
+def _peer(i: int, p: dict, planes: list[Plane], ov_addr, seen: list[Peer]) -> Peer:
+    where = f"peer[{i}]"
+    _check_keys(where, p, {"name", "overlay", "evs_per_plane", "ev_base", "spray", "min_active", "underlay"})
+    if "name" not in p:
+        raise ConfigError(f"{where}.name: missing")
+    name = _typed(f"{where}.name", p["name"], str)
+    if not PEER_NAME_RE.match(name):
+        raise ConfigError(f"{where}.name: {name!r} is not a valid peer name (letters, digits, _ . -)")
+    if any(q.name == name for q in seen):
+        raise ConfigError(f"{where}.name: duplicate peer {name!r}")
+    if "overlay" not in p:
+        raise ConfigError(f"{where}.overlay: missing")
+    overlay = _ip(f"{where}.overlay", p["overlay"])
+    if overlay.version != 4:
+        raise ConfigError(f"{where}.overlay: {overlay} is not IPv4 (the overlay carries IPv4)")
+    if overlay == ov_addr.ip:
+        raise ConfigError(f"{where}.overlay: {overlay} is this host's own overlay address")
+    if any(q.overlay == overlay for q in seen):
+        raise ConfigError(f"{where}.overlay: {overlay} is already used by another peer")
+    evs = _int_in(f"{where}.evs_per_plane", p.get("evs_per_plane", 4), 1, wire.MRC_MAX_PATHS)
+    spray = _typed(f"{where}.spray", p.get("spray", "weighted"), str)
+    if spray not in SPRAY_MODES:
+        raise ConfigError(f"{where}.spray: {spray!r} is not one of {', '.join(SPRAY_MODES)}")
+    if "underlay" not in p:
+        raise ConfigError(f"{where}.underlay: missing (plane device -> the peer's address on it)")
+    und = _typed(f"{where}.underlay", p["underlay"], dict)
+    if not und:
+        raise ConfigError(f"{where}.underlay: empty, the peer needs an address on at least one plane")
+    known = {pl.device for pl in planes}
+    underlay = {}
+    for dev, a in und.items():
+        if dev not in known:
+            hint = difflib.get_close_matches(dev, sorted(known), n=1)
+            extra = f" (did you mean {hint[0]!r}?)" if hint else ""
+            raise ConfigError(f"{where}.underlay.{dev}: no such plane in this config{extra}")
+        addr = _ip(f"{where}.underlay.{dev}", a)
+        if addr.is_multicast or addr.is_unspecified or addr.is_loopback:
+            raise ConfigError(f"{where}.underlay.{dev}: {addr} cannot be a peer address")
+        plane = next(pl for pl in planes if pl.device == dev)
+        if plane.address is not None and plane.address.version != addr.version:
+            raise ConfigError(f"{where}.underlay.{dev}: {addr} is IPv{addr.version} but plane "
+                              f"{dev!r} has an IPv{plane.address.version} address")
+        if ov_addr.version == addr.version and addr in ov_addr.network:
+            raise ConfigError(f"{where}.underlay.{dev}: {addr} lies inside the overlay subnet {ov_addr.network}")
+        underlay[dev] = addr
+    n_paths = evs * len(underlay)
+    if n_paths > wire.MRC_MAX_PATHS:
+        raise ConfigError(f"{where}.evs_per_plane: {evs} EVs x {len(underlay)} planes = {n_paths} paths, "
+                          f"at most {wire.MRC_MAX_PATHS}")
+    ev_base = _int_in(f"{where}.ev_base", p.get("ev_base", wire.MRC_DEFAULT_EV_BASE), 1024, 65535)
+    if ev_base + n_paths - 1 > 65535:
+        raise ConfigError(f"{where}.ev_base: {ev_base} + {n_paths} paths runs past port 65535")
+    min_active = _int_in(f"{where}.min_active", p.get("min_active", 1), 0, n_paths)
+
+    # Path ids are dense over the planes the peer is reachable on, in plane
+    # order, so two hosts that list their planes in the same order agree on ids.
+    paths = []
+    for plane in planes:
+        if plane.device not in underlay:
+            continue
+        for e in range(evs):
+            pid = len(paths)
+            paths.append(Path(id=pid, plane=plane, ev_index=e, ev=ev_base + pid,
+                              remote=underlay[plane.device], weight=plane.weight))
+    return Peer(index=i, name=name, overlay=overlay, evs_per_plane=evs, ev_base=ev_base, spray=spray,
+                min_active=min_active, underlay=underlay, paths=tuple(paths))

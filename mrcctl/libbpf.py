@@ -1,0 +1,757 @@
+"""Thin ctypes layer over the system libbpf (libbpf.so.1, API of libbpf 1.1).
+
+Only what mrc needs: open/load BPF objects with a pin root, maps by pin or by
+object, BPF_PROG_TEST_RUN, ring buffers, pins and object info.
+
+Conventions:
+- libbpf >= 1.0 returns -errno from int functions and NULL (errno set) from
+  pointer functions; every call is checked and a failure raises LibbpfError
+  (an OSError) whose message names the operation, the strerror and, when
+  libbpf said something about it, the tail of libbpf's own messages (for a
+  failed load that includes the verifier log).
+- libbpf's print output is captured into a ring of recent lines
+  (recent_log()); nothing goes to stderr unless MRC_LIBBPF_DEBUG is set in
+  the environment (then everything, debug level included, is echoed).
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import errno as _errno
+import os
+import sys
+import threading
+from typing import Callable
+
+__all__ = [
+    "LibbpfError", "num_possible_cpus", "Map", "Program", "BpfObject",
+    "RingBuffer", "obj_pin", "obj_get", "prog_info", "map_info",
+    "recent_log", "PERCPU_MAP_TYPES", "xdp_attach", "xdp_detach", "xdp_query_id",
+    "tc_attach", "tc_detach", "tc_query", "tc_hook_destroy",
+]
+
+_lib = ctypes.CDLL("libbpf.so.1", use_errno=True)
+_libc = ctypes.CDLL(None, use_errno=True)
+
+# enum bpf_map_type values used here
+BPF_MAP_TYPE_HASH = 1
+BPF_MAP_TYPE_ARRAY = 2
+BPF_MAP_TYPE_PERCPU_HASH = 5
+BPF_MAP_TYPE_PERCPU_ARRAY = 6
+BPF_MAP_TYPE_LRU_PERCPU_HASH = 10
+BPF_MAP_TYPE_PERCPU_CGROUP_STORAGE = 21
+BPF_MAP_TYPE_RINGBUF = 27
+PERCPU_MAP_TYPES = frozenset({
+    BPF_MAP_TYPE_PERCPU_HASH, BPF_MAP_TYPE_PERCPU_ARRAY,
+    BPF_MAP_TYPE_LRU_PERCPU_HASH, BPF_MAP_TYPE_PERCPU_CGROUP_STORAGE,
+})
+
+# map update flags
+BPF_ANY = 0
+BPF_NOEXIST = 1
+BPF_EXIST = 2
+
+BPF_OBJ_NAME_LEN = 16
+
+
+class LibbpfError(OSError):
+    """A libbpf call failed. .errno is the errno; str() names the call."""
+
+    def __init__(self, op: str, err: int, detail: str = ""):
+        err = abs(err) if err else _errno.EIO
+        msg = f"{op}: {os.strerror(err)}"
+        if detail:
+            msg += "\n" + detail
+        super().__init__(err, msg)
+        self.op = op
+
+    def __str__(self) -> str:  # OSError's default prefixes "[Errno n]"
+        return self.strerror
+
+
+# ---------------------------------------------------------------------------
+# libbpf's print callback -> ring of recent lines
+
+_LOG_LINES = 2000
+_log: collections.deque[tuple[int, int, str]] = collections.deque(maxlen=_LOG_LINES)
+_log_seq = 0
+_log_lock = threading.Lock()
+_echo = bool(os.environ.get("MRC_LIBBPF_DEBUG"))
+_LIBBPF_WARN, _LIBBPF_INFO, _LIBBPF_DEBUG = 0, 1, 2
+
+_libc.vsnprintf.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_void_p]
+_libc.vsnprintf.restype = ctypes.c_int
+
+# int (*)(enum libbpf_print_level, const char *fmt, va_list). A va_list
+# parameter arrives as a pointer on x86-64 (array type) and on aarch64
+# (large struct passed by reference), so c_void_p forwards it to vsnprintf.
+_PRINT_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
+
+
+def _print_cb(level: int, fmt: bytes, args: int) -> int:
+    global _log_seq
+    if level >= _LIBBPF_DEBUG and not _echo:
+        return 0
+    buf = ctypes.create_string_buffer(8192)
+    n = _libc.vsnprintf(buf, len(buf), fmt, args)
+    if n < 0:
+        return 0
+    text = buf.value.decode("utf-8", "replace")
+    if _echo:
+        sys.stderr.write(text)
+    with _log_lock:
+        for line in text.splitlines():
+            _log_seq += 1
+            _log.append((_log_seq, level, line))
+    return 0
+
+
+_print_fn_ref = _PRINT_FN(_print_cb)  # keep a reference: libbpf holds the pointer
+_lib.libbpf_set_print.argtypes = [_PRINT_FN]
+_lib.libbpf_set_print.restype = ctypes.c_void_p
+_lib.libbpf_set_print(_print_fn_ref)
+
+
+def _log_mark() -> int:
+    with _log_lock:
+        return _log_seq
+
+
+def _log_since(mark: int, limit: int = 60) -> str:
+    with _log_lock:
+        lines = [line for seq, _lvl, line in _log if seq > mark]
+    if len(lines) > limit:
+        lines = ["..."] + lines[-limit:]
+    return "\n".join(lines)
+
+
+def recent_log(n: int = 100) -> list[str]:
+    """The last n lines libbpf printed (warnings and info; debug too when
+    MRC_LIBBPF_DEBUG is set)."""
+    with _log_lock:
+        return [line for _s, _l, line in list(_log)[-n:]]
+
+
+# ---------------------------------------------------------------------------
+# prototypes
+
+def _proto(name: str, restype, *argtypes):
+    fn = getattr(_lib, name)
+    fn.restype = restype
+    fn.argtypes = list(argtypes)
+    return fn
+
+
+_c_int, _c_u32, _vp, _cp = ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p, ctypes.c_char_p
+
+
+class _ObjectOpenOpts(ctypes.Structure):
+    # struct bpf_object_open_opts, libbpf 1.1
+    _fields_ = [
+        ("sz", ctypes.c_size_t),
+        ("object_name", _cp),
+        ("relaxed_maps", ctypes.c_bool),
+        ("pin_root_path", _cp),
+        ("_attach_prog_fd_stub", ctypes.c_uint32),
+        ("kconfig", _cp),
+        ("btf_custom_path", _cp),
+        ("kernel_log_buf", _vp),
+        ("kernel_log_size", ctypes.c_size_t),
+        ("kernel_log_level", ctypes.c_uint32),
+    ]
+
+
+class _TestRunOpts(ctypes.Structure):
+    # struct bpf_test_run_opts, libbpf 1.1
+    _fields_ = [
+        ("sz", ctypes.c_size_t),
+        ("data_in", _vp),
+        ("data_out", _vp),
+        ("data_size_in", _c_u32),
+        ("data_size_out", _c_u32),
+        ("ctx_in", _vp),
+        ("ctx_out", _vp),
+        ("ctx_size_in", _c_u32),
+        ("ctx_size_out", _c_u32),
+        ("retval", _c_u32),
+        ("repeat", _c_int),
+        ("duration", _c_u32),
+        ("flags", _c_u32),
+        ("cpu", _c_u32),
+        ("batch_size", _c_u32),
+    ]
+
+
+class _BpfMapInfo(ctypes.Structure):
+    # struct bpf_map_info (uapi), leading fields
+    _fields_ = [
+        ("type", _c_u32), ("id", _c_u32), ("key_size", _c_u32),
+        ("value_size", _c_u32), ("max_entries", _c_u32), ("map_flags", _c_u32),
+        ("name", ctypes.c_char * BPF_OBJ_NAME_LEN),
+        ("ifindex", _c_u32), ("btf_vmlinux_value_type_id", _c_u32),
+        ("netns_dev", ctypes.c_uint64), ("netns_ino", ctypes.c_uint64),
+        ("btf_id", _c_u32), ("btf_key_type_id", _c_u32),
+        ("btf_value_type_id", _c_u32), ("_pad", _c_u32),
+        ("map_extra", ctypes.c_uint64),
+    ]
+
+
+class _BpfProgInfo(ctypes.Structure):
+    # struct bpf_prog_info (uapi), leading fields; pointer fields stay 0 so
+    # the kernel fills only scalars
+    _fields_ = [
+        ("type", _c_u32), ("id", _c_u32), ("tag", ctypes.c_uint8 * 8),
+        ("jited_prog_len", _c_u32), ("xlated_prog_len", _c_u32),
+        ("jited_prog_insns", ctypes.c_uint64), ("xlated_prog_insns", ctypes.c_uint64),
+        ("load_time", ctypes.c_uint64), ("created_by_uid", _c_u32),
+        ("nr_map_ids", _c_u32), ("map_ids", ctypes.c_uint64),
+        ("name", ctypes.c_char * BPF_OBJ_NAME_LEN),
+        ("ifindex", _c_u32), ("gpl_compatible", _c_u32),
+    ]
+
+
+class _XdpAttachOpts(ctypes.Structure):
+    _fields_ = [("sz", ctypes.c_size_t), ("old_prog_fd", _c_int)]
+
+
+class _TcHook(ctypes.Structure):
+    _fields_ = [("sz", ctypes.c_size_t), ("ifindex", _c_int), ("attach_point", _c_int),
+                ("parent", _c_u32)]
+
+
+class _TcOpts(ctypes.Structure):
+    _fields_ = [("sz", ctypes.c_size_t), ("prog_fd", _c_int), ("flags", _c_u32),
+                ("prog_id", _c_u32), ("handle", _c_u32), ("priority", _c_u32)]
+
+
+_SAMPLE_FN = ctypes.CFUNCTYPE(_c_int, _vp, _vp, ctypes.c_size_t)
+
+_libbpf_num_possible_cpus = _proto("libbpf_num_possible_cpus", _c_int)
+_bpf_obj_get = _proto("bpf_obj_get", _c_int, _cp)
+_bpf_obj_pin = _proto("bpf_obj_pin", _c_int, _c_int, _cp)
+_bpf_map_get_fd_by_id = _proto("bpf_map_get_fd_by_id", _c_int, _c_u32)
+_bpf_prog_get_fd_by_id = _proto("bpf_prog_get_fd_by_id", _c_int, _c_u32)
+_bpf_map__reuse_fd = _proto("bpf_map__reuse_fd", _c_int, _vp, _c_int)
+_bpf_prog_get_next_id = _proto("bpf_prog_get_next_id", _c_int, _c_u32, ctypes.POINTER(_c_u32))
+_bpf_obj_get_info_by_fd = _proto("bpf_obj_get_info_by_fd", _c_int, _c_int, _vp,
+                                 ctypes.POINTER(_c_u32))
+_bpf_map_lookup_elem = _proto("bpf_map_lookup_elem", _c_int, _c_int, _vp, _vp)
+_bpf_map_update_elem = _proto("bpf_map_update_elem", _c_int, _c_int, _vp, _vp, ctypes.c_uint64)
+_bpf_map_delete_elem = _proto("bpf_map_delete_elem", _c_int, _c_int, _vp)
+_bpf_map_get_next_key = _proto("bpf_map_get_next_key", _c_int, _c_int, _vp, _vp)
+_bpf_prog_test_run_opts = _proto("bpf_prog_test_run_opts", _c_int, _c_int,
+                                 ctypes.POINTER(_TestRunOpts))
+_bpf_object__open_file = _proto("bpf_object__open_file", _vp, _cp,
+                                ctypes.POINTER(_ObjectOpenOpts))
+_bpf_object__load = _proto("bpf_object__load", _c_int, _vp)
+_bpf_object__close = _proto("bpf_object__close", None, _vp)
+_bpf_object__find_map_by_name = _proto("bpf_object__find_map_by_name", _vp, _vp, _cp)
+_bpf_object__find_program_by_name = _proto("bpf_object__find_program_by_name", _vp, _vp, _cp)
+_bpf_map__fd = _proto("bpf_map__fd", _c_int, _vp)
+_bpf_program__fd = _proto("bpf_program__fd", _c_int, _vp)
+_bpf_program__name = _proto("bpf_program__name", _cp, _vp)
+_ring_buffer__new = _proto("ring_buffer__new", _vp, _c_int, _SAMPLE_FN, _vp, _vp)
+_ring_buffer__poll = _proto("ring_buffer__poll", _c_int, _vp, _c_int)
+_ring_buffer__consume = _proto("ring_buffer__consume", _c_int, _vp)
+_ring_buffer__free = _proto("ring_buffer__free", None, _vp)
+_bpf_xdp_attach = _proto("bpf_xdp_attach", _c_int, _c_int, _c_int, _c_u32,
+                         ctypes.POINTER(_XdpAttachOpts))
+_bpf_xdp_detach = _proto("bpf_xdp_detach", _c_int, _c_int, _c_u32,
+                         ctypes.POINTER(_XdpAttachOpts))
+_bpf_xdp_query_id = _proto("bpf_xdp_query_id", _c_int, _c_int, _c_int, ctypes.POINTER(_c_u32))
+_bpf_tc_hook_create = _proto("bpf_tc_hook_create", _c_int, ctypes.POINTER(_TcHook))
+_bpf_tc_hook_destroy = _proto("bpf_tc_hook_destroy", _c_int, ctypes.POINTER(_TcHook))
+_bpf_tc_attach = _proto("bpf_tc_attach", _c_int, ctypes.POINTER(_TcHook), ctypes.POINTER(_TcOpts))
+_bpf_tc_detach = _proto("bpf_tc_detach", _c_int, ctypes.POINTER(_TcHook), ctypes.POINTER(_TcOpts))
+_bpf_tc_query = _proto("bpf_tc_query", _c_int, ctypes.POINTER(_TcHook), ctypes.POINTER(_TcOpts))
+
+
+def _check(op: str, ret: int, mark: int | None = None) -> int:
+    """libbpf int convention: negative errno on failure."""
+    if ret < 0:
+        raise LibbpfError(op, -ret, _log_since(mark) if mark is not None else "")
+    return ret
+
+
+def _check_ptr(op: str, ptr, mark: int | None = None):
+    """libbpf pointer convention: NULL with errno set on failure."""
+    if not ptr:
+        err = ctypes.get_errno() or _errno.ENOENT
+        raise LibbpfError(op, err, _log_since(mark) if mark is not None else "")
+    return ptr
+
+
+def _round8(n: int) -> int:
+    return (n + 7) & ~7
+
+
+# ---------------------------------------------------------------------------
+
+_ncpus: int | None = None
+
+
+def num_possible_cpus() -> int:
+    global _ncpus
+    if _ncpus is None:
+        _ncpus = _check("libbpf_num_possible_cpus", _libbpf_num_possible_cpus())
+    return _ncpus
+
+
+def obj_pin(fd: int, path: str) -> None:
+    _check(f"bpf_obj_pin({path})", _bpf_obj_pin(fd, os.fsencode(path)))
+
+
+def obj_get(path: str) -> int:
+    """Open a pinned BPF object; the caller owns (and closes) the fd."""
+    return _check(f"bpf_obj_get({path})", _bpf_obj_get(os.fsencode(path)))
+
+
+def _info(fd: int, info: ctypes.Structure, what: str) -> None:
+    n = _c_u32(ctypes.sizeof(info))
+    _check(f"bpf_obj_get_info_by_fd({what} fd {fd})",
+           _bpf_obj_get_info_by_fd(fd, ctypes.byref(info), ctypes.byref(n)))
+
+
+def map_info(fd: int) -> dict:
+    info = _BpfMapInfo()
+    _info(fd, info, "map")
+    return {
+        "id": info.id, "type": info.type, "name": info.name.decode(),
+        "key_size": info.key_size, "value_size": info.value_size,
+        "max_entries": info.max_entries, "map_flags": info.map_flags,
+        "btf_id": info.btf_id,
+    }
+
+
+def prog_ids() -> list[int]:
+    """Ids of every BPF program loaded in the kernel."""
+    out, cur, nxt = [], 0, _c_u32(0)
+    while _bpf_prog_get_next_id(cur, ctypes.byref(nxt)) == 0:
+        cur = nxt.value
+        out.append(cur)
+    return out
+
+
+def prog_info(fd: int, map_ids: bool = False) -> dict:
+    info = _BpfProgInfo()
+    _info(fd, info, "prog")
+    out = {
+        "id": info.id, "type": info.type, "name": info.name.decode(),
+        "tag": bytes(info.tag).hex(), "load_time": info.load_time,
+        "nr_map_ids": info.nr_map_ids,
+    }
+    if map_ids:
+        ids = (_c_u32 * max(info.nr_map_ids, 1))()
+        again = _BpfProgInfo(nr_map_ids=info.nr_map_ids, map_ids=ctypes.addressof(ids))
+        _info(fd, again, "prog")
+        out["map_ids"] = list(ids[:again.nr_map_ids])
+    return out
+
+
+# ---------------------------------------------------------------------------
+# attaching (netlink, in the calling thread's network namespace)
+
+XDP_FLAGS_UPDATE_IF_NOEXIST = 1 << 0
+XDP_FLAGS_SKB_MODE = 1 << 1
+XDP_FLAGS_DRV_MODE = 1 << 2
+XDP_FLAGS_REPLACE = 1 << 4
+TC_INGRESS = 1 << 0
+TC_EGRESS = 1 << 1
+_BPF_TC_F_REPLACE = 1 << 0
+
+
+def xdp_attach(ifindex: int, prog_fd: int, flags: int = XDP_FLAGS_DRV_MODE) -> None:
+    """Attach (or replace) the XDP program of ifindex. Default: native
+    (driver) mode, which mrc needs on veth planes."""
+    _check(f"bpf_xdp_attach(ifindex {ifindex})", _bpf_xdp_attach(ifindex, prog_fd, flags, None))
+
+
+def xdp_detach(ifindex: int, flags: int = XDP_FLAGS_DRV_MODE) -> None:
+    _check(f"bpf_xdp_detach(ifindex {ifindex})", _bpf_xdp_detach(ifindex, flags, None))
+
+
+def xdp_query_id(ifindex: int, flags: int = 0) -> int:
+    """Id of the XDP program attached to ifindex (flags: a mode to ask
+    about, 0 = the only one), 0 if none."""
+    pid = _c_u32(0)
+    _check(f"bpf_xdp_query_id(ifindex {ifindex})",
+           _bpf_xdp_query_id(ifindex, flags, ctypes.byref(pid)))
+    return pid.value
+
+
+def _tc_hook(ifindex: int, where: int) -> _TcHook:
+    return _TcHook(sz=ctypes.sizeof(_TcHook), ifindex=ifindex, attach_point=where)
+
+
+def tc_attach(ifindex: int, prog_fd: int, where: int = TC_EGRESS, handle: int = 1,
+              priority: int = 1, replace: bool = True) -> int:
+    """Attach a SCHED_CLS program (direct-action, as libbpf always does) at
+    ingress or egress of ifindex, creating the clsact qdisc if needed.
+    Returns the attached program id."""
+    hook = _tc_hook(ifindex, where)
+    ret = _bpf_tc_hook_create(ctypes.byref(hook))
+    if ret != -_errno.EEXIST:
+        _check(f"bpf_tc_hook_create(ifindex {ifindex})", ret)
+    opts = _TcOpts(sz=ctypes.sizeof(_TcOpts), prog_fd=prog_fd, handle=handle,
+                   priority=priority, flags=_BPF_TC_F_REPLACE if replace else 0)
+    _check(f"bpf_tc_attach(ifindex {ifindex})", _bpf_tc_attach(ctypes.byref(hook),
+                                                               ctypes.byref(opts)))
+    return opts.prog_id
+
+
+def tc_detach(ifindex: int, where: int = TC_EGRESS, handle: int = 1, priority: int = 1) -> bool:
+    """Remove the filter; False if there was none."""
+    hook = _tc_hook(ifindex, where)
+    opts = _TcOpts(sz=ctypes.sizeof(_TcOpts), handle=handle, priority=priority)
+    ret = _bpf_tc_detach(ctypes.byref(hook), ctypes.byref(opts))
+    if ret in (-_errno.ENOENT, -_errno.EINVAL) and tc_query(ifindex, where, handle, priority) == 0:
+        return False
+    _check(f"bpf_tc_detach(ifindex {ifindex})", ret)
+    return True
+
+
+def tc_query(ifindex: int, where: int = TC_EGRESS, handle: int = 1, priority: int = 1) -> int:
+    """Id of the program in that filter slot, 0 if none."""
+    hook = _tc_hook(ifindex, where)
+    opts = _TcOpts(sz=ctypes.sizeof(_TcOpts), handle=handle, priority=priority)
+    ret = _bpf_tc_query(ctypes.byref(hook), ctypes.byref(opts))
+    if ret in (-_errno.ENOENT, -_errno.EINVAL):
+        return 0
+    _check(f"bpf_tc_query(ifindex {ifindex})", ret)
+    return opts.prog_id
+
+
+def tc_hook_destroy(ifindex: int) -> None:
+    """Delete the clsact qdisc of ifindex (all its filters); no error if absent."""
+    hook = _tc_hook(ifindex, TC_INGRESS | TC_EGRESS)
+    ret = _bpf_tc_hook_destroy(ctypes.byref(hook))
+    if ret not in (-_errno.ENOENT, -_errno.EINVAL):
+        _check(f"bpf_tc_hook_destroy(ifindex {ifindex})", ret)
+
+
+class Map:
+    """A BPF map by fd. Keys and values are raw bytes (see mrcctl.wire)."""
+
+    def __init__(self, fd: int, owned: bool, name: str | None = None):
+        info = map_info(fd)
+        self.fd = fd
+        self._owned = owned
+        self.name = name or info["name"]
+        self.id = info["id"]
+        self.key_size = info["key_size"]
+        self.value_size = info["value_size"]
+        self.max_entries = info["max_entries"]
+        self.map_type = info["type"]
+
+    @classmethod
+    def from_pin(cls, path: str) -> "Map":
+        fd = obj_get(path)
+        try:
+            return cls(fd, owned=True)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    @classmethod
+    def from_id(cls, map_id: int) -> "Map":
+        fd = _check(f"bpf_map_get_fd_by_id({map_id})", _bpf_map_get_fd_by_id(map_id))
+        try:
+            return cls(fd, owned=True)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    @property
+    def percpu(self) -> bool:
+        return self.map_type in PERCPU_MAP_TYPES
+
+    def _key(self, key: bytes):
+        if len(key) != self.key_size:
+            raise ValueError(f"map {self.name}: key is {len(key)} bytes, want {self.key_size}")
+        return ctypes.create_string_buffer(bytes(key), self.key_size)
+
+    def _full_value_size(self) -> int:
+        if self.percpu:
+            return _round8(self.value_size) * num_possible_cpus()
+        return self.value_size
+
+    def lookup(self, key: bytes) -> bytes | None:
+        """The value, or None if absent. Per-CPU maps: all CPUs' values
+        concatenated, each padded to a multiple of 8 bytes."""
+        k = self._key(key)
+        v = ctypes.create_string_buffer(self._full_value_size())
+        ret = _bpf_map_lookup_elem(self.fd, k, v)
+        if ret == -_errno.ENOENT:
+            return None
+        _check(f"bpf_map_lookup_elem({self.name})", ret)
+        return v.raw
+
+    def lookup_percpu(self, key: bytes) -> list[bytes]:
+        """Per-CPU maps: one value_size-byte value per possible CPU
+        (empty list if the key is absent)."""
+        if not self.percpu:
+            raise ValueError(f"map {self.name} is not per-CPU")
+        raw = self.lookup(key)
+        if raw is None:
+            return []
+        step = _round8(self.value_size)
+        return [raw[i * step:i * step + self.value_size] for i in range(num_possible_cpus())]
+
+    def update(self, key: bytes, value: bytes, flags: int = BPF_ANY) -> None:
+        """Per-CPU maps take either all CPUs' values (as lookup returns them)
+        or one value_size value, which is written to every CPU."""
+        k = self._key(key)
+        value = bytes(value)
+        if self.percpu and len(value) == self.value_size:
+            step = _round8(self.value_size)
+            value = value.ljust(step, b"\0") * num_possible_cpus()
+        want = self._full_value_size()
+        if len(value) != want:
+            raise ValueError(f"map {self.name}: value is {len(value)} bytes, want {want}")
+        v = ctypes.create_string_buffer(value, want)
+        _check(f"bpf_map_update_elem({self.name})", _bpf_map_update_elem(self.fd, k, v, flags))
+
+    def delete(self, key: bytes) -> bool:
+        """True if deleted, False if absent (array maps: EINVAL is raised)."""
+        ret = _bpf_map_delete_elem(self.fd, self._key(key))
+        if ret == -_errno.ENOENT:
+            return False
+        _check(f"bpf_map_delete_elem({self.name})", ret)
+        return True
+
+    def keys(self) -> list[bytes]:
+        out: list[bytes] = []
+        cur = None
+        nxt = ctypes.create_string_buffer(self.key_size)
+        while True:
+            ret = _bpf_map_get_next_key(self.fd, cur, nxt)
+            if ret == -_errno.ENOENT:
+                return out
+            _check(f"bpf_map_get_next_key({self.name})", ret)
+            out.append(nxt.raw)
+            cur = ctypes.create_string_buffer(nxt.raw, self.key_size)
+            if len(out) > self.max_entries:  # a hash map changing under us
+                return out
+
+    def items(self) -> list[tuple[bytes, bytes]]:
+        out = []
+        for k in self.keys():
+            v = self.lookup(k)
+            if v is not None:
+                out.append((k, v))
+        return out
+
+    def close(self) -> None:
+        if self._owned and self.fd >= 0:
+            os.close(self.fd)
+        self.fd = -1
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self) -> str:
+        return (f"Map({self.name!r}, type={self.map_type}, key={self.key_size}, "
+                f"value={self.value_size}, max={self.max_entries}, fd={self.fd})")
+
+
+class Program:
+    def __init__(self, fd: int, owned: bool, name: str | None = None):
+        self.fd = fd
+        self._owned = owned
+        info = prog_info(fd)
+        self.name = name or info["name"]
+        self.id = info["id"]
+        self.prog_type = info["type"]
+
+    @classmethod
+    def from_pin(cls, path: str) -> "Program":
+        fd = obj_get(path)
+        try:
+            return cls(fd, owned=True)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    @classmethod
+    def from_id(cls, prog_id: int) -> "Program":
+        fd = _check(f"bpf_prog_get_fd_by_id({prog_id})", _bpf_prog_get_fd_by_id(prog_id))
+        try:
+            return cls(fd, owned=True)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def pin(self, path: str) -> None:
+        obj_pin(self.fd, path)
+
+    def test_run(self, data: bytes, repeat: int = 1, out_size: int | None = None,
+                 ctx_in: bytes | None = None) -> tuple[int, bytes, int]:
+        """BPF_PROG_TEST_RUN: (retval, data_out, duration_ns per run).
+
+        The default output buffer leaves 4 KiB of room for growth. If it is
+        too small the kernel says ENOSPC and the size it needs, and the run
+        is repeated with a bigger buffer -- note that the program then ran
+        twice (map side effects happen twice). `repeat` > 1 feeds each run
+        the packet the previous run modified (kernel behaviour)."""
+        data = bytes(data)
+        size = out_size if out_size is not None else len(data) + 4096
+        din = ctypes.create_string_buffer(data, len(data))
+        cin = ctypes.create_string_buffer(bytes(ctx_in), len(ctx_in)) if ctx_in else None
+        for _attempt in range(3):
+            dout = ctypes.create_string_buffer(size)
+            opts = _TestRunOpts(sz=ctypes.sizeof(_TestRunOpts))
+            opts.data_in = ctypes.cast(din, _vp)
+            opts.data_size_in = len(data)
+            opts.data_out = ctypes.cast(dout, _vp)
+            opts.data_size_out = size
+            opts.repeat = repeat
+            if cin is not None:
+                opts.ctx_in = ctypes.cast(cin, _vp)
+                opts.ctx_size_in = len(ctx_in)
+            ret = _bpf_prog_test_run_opts(self.fd, ctypes.byref(opts))
+            if ret == -_errno.ENOSPC and opts.data_size_out > size:
+                size = opts.data_size_out
+                continue
+            _check(f"bpf_prog_test_run_opts({self.name})", ret)
+            return opts.retval, dout.raw[:opts.data_size_out], opts.duration
+        raise LibbpfError(f"bpf_prog_test_run_opts({self.name})", _errno.ENOSPC)
+
+    def close(self) -> None:
+        if self._owned and self.fd >= 0:
+            os.close(self.fd)
+        self.fd = -1
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Program({self.name!r}, id={self.id}, fd={self.fd})"
+
+
+class BpfObject:
+    """A libbpf bpf_object. Maps with LIBBPF_PIN_BY_NAME are pinned under
+    pin_root (created by the first load, reused by later ones)."""
+
+    def __init__(self, ptr, path: str):
+        self._obj = ptr
+        self.path = path
+        self.loaded = False
+
+    @classmethod
+    def open(cls, path: str, pin_root: str | None = None) -> "BpfObject":
+        # keep the encoded strings alive until open returns (libbpf copies)
+        name = os.path.basename(path).split(".")[0].encode()
+        root = os.fsencode(pin_root) if pin_root else None
+        opts = _ObjectOpenOpts(sz=ctypes.sizeof(_ObjectOpenOpts))
+        opts.object_name = name
+        opts.relaxed_maps = False
+        opts.pin_root_path = root
+        mark = _log_mark()
+        ctypes.set_errno(0)
+        ptr = _bpf_object__open_file(os.fsencode(path), ctypes.byref(opts))
+        _check_ptr(f"bpf_object__open_file({path})", ptr, mark)
+        return cls(ptr, path)
+
+    def load(self) -> None:
+        if not self._obj:
+            raise LibbpfError("bpf_object__load", _errno.EBADF)
+        mark = _log_mark()
+        _check(f"bpf_object__load({self.path})", _bpf_object__load(self._obj), mark)
+        self.loaded = True
+
+    def reuse_map(self, name: str, fd: int) -> None:
+        """Before load: make this object's map `name` the existing map `fd`."""
+        ptr = _bpf_object__find_map_by_name(self._obj, name.encode())
+        if not ptr:
+            raise LibbpfError(f"map {name} in {self.path}", _errno.ENOENT)
+        _check(f"bpf_map__reuse_fd({name})", _bpf_map__reuse_fd(ptr, fd))
+
+    def map(self, name: str) -> Map:
+        ptr = _bpf_object__find_map_by_name(self._obj, name.encode())
+        if not ptr:
+            raise LibbpfError(f"map {name} in {self.path}", _errno.ENOENT)
+        fd = _check(f"bpf_map__fd({name})", _bpf_map__fd(ptr))
+        return Map(fd, owned=False, name=name)
+
+    def program(self, name: str) -> Program:
+        ptr = _bpf_object__find_program_by_name(self._obj, name.encode())
+        if not ptr:
+            raise LibbpfError(f"program {name} in {self.path}", _errno.ENOENT)
+        fd = _check(f"bpf_program__fd({name})", _bpf_program__fd(ptr))
+        return Program(fd, owned=False, name=_bpf_program__name(ptr).decode())
+
+    def close(self) -> None:
+        if self._obj:
+            _bpf_object__close(self._obj)
+            self._obj = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class RingBuffer:
+    """libbpf ring_buffer over one BPF_MAP_TYPE_RINGBUF map.
+
+    callback(data: bytes) is called for each record from poll()/consume();
+    returning a negative int stops the batch (libbpf semantics). An
+    exception in the callback stops the batch and is re-raised from
+    poll()/consume()."""
+
+    def __init__(self, map_or_fd: "Map | int", callback: Callable[[bytes], int | None]):
+        fd = map_or_fd.fd if isinstance(map_or_fd, Map) else int(map_or_fd)
+        self._callback = callback
+        self._exc: BaseException | None = None
+
+        def _sample(_ctx, data, size):
+            try:
+                r = self._callback(ctypes.string_at(data, size))
+                return int(r) if r else 0
+            except BaseException as e:  # noqa: BLE001 - re-raised in poll
+                self._exc = e
+                return -_errno.ECANCELED
+
+        self._cb = _SAMPLE_FN(_sample)  # keep a reference for libbpf
+        ctypes.set_errno(0)
+        self._rb = _check_ptr("ring_buffer__new", _ring_buffer__new(fd, self._cb, None, None))
+
+    def _reraise(self, ret: int, op: str) -> int:
+        if self._exc is not None:
+            e, self._exc = self._exc, None
+            raise e
+        if ret == -_errno.EINTR:
+            return 0
+        return _check(op, ret)
+
+    def poll(self, timeout_ms: int) -> int:
+        """Wait up to timeout_ms for records; returns how many were consumed."""
+        return self._reraise(_ring_buffer__poll(self._rb, int(timeout_ms)), "ring_buffer__poll")
+
+    def consume(self) -> int:
+        return self._reraise(_ring_buffer__consume(self._rb), "ring_buffer__consume")
+
+    def close(self) -> None:
+        if self._rb:
+            _ring_buffer__free(self._rb)
+            self._rb = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

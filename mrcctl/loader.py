@@ -1,0 +1,481 @@
+"""Bringing an instance up and down: load, fill maps, attach, undo.
+
+`up` is a reconcile: it creates what is missing and leaves alone what is
+already right, so running it twice with the same file changes nothing. On a
+fresh instance any failure rolls back everything done so far and the error
+names the step. `down` works from the state file and the config and
+tolerates anything being half there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import os
+import signal
+import time
+from contextlib import suppress
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import config as cfgmod
+from . import topology, wire
+from .errors import InputError, MrcError, StepError
+from .libbpf import BpfObject, LibbpfError, Map, Program
+from .state import Instance
+
+TX_PROG = "mrc_tx"
+RX_PROG = "mrc_rx"
+MAP_NAMES = ("mrc_cfg", "mrc_peers", "mrc_slots", "mrc_paths", "mrc_live", "mrc_peer_seq",
+             "mrc_path_stats", "mrc_drops", "mrc_peer_ip", "mrc_rx_peers", "mrc_events")
+
+
+def bpf_dir() -> Path:
+    env = os.environ.get("MRC_BPF_DIR")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parent.parent / "bpf"
+
+
+def object_paths() -> tuple[Path, Path]:
+    d = bpf_dir()
+    tx, rx = d / "tx.bpf.o", d / "rx.bpf.o"
+    for p in (tx, rx):
+        if not p.exists():
+            raise MrcError(f"BPF object {p} is missing: build it with `make -C {d}`")
+    return tx, rx
+
+
+def objects_digest() -> str:
+    h = hashlib.sha256()
+    for p in object_paths():
+        h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+# ------------------------------------------------------------------ datapath handles
+
+class Datapath:
+    """The maps and programs of one running instance, found by BPF object id.
+
+    Ids, not pins: `ip netns exec` gives each invocation a private mount
+    namespace, so a bpffs mounted by one invocation is gone for the next,
+    while ids are global and live as long as the attached programs (and the
+    agent) hold the objects.
+    """
+
+    def __init__(self, inst: Instance):
+        self.inst = inst
+        self.state = inst.read()
+        self._maps: dict[str, Map] = {}
+
+    def exists(self) -> bool:
+        return bool(self.state.get("map_ids"))
+
+    def map(self, name: str) -> Map:
+        m = self._maps.get(name)
+        if m is None:
+            mid = self.state.get("map_ids", {}).get(name)
+            if mid is None:
+                raise MrcError(f"{self.inst.overlay}: not up in this network namespace; run `mrcctl up` first")
+            try:
+                m = Map.from_id(mid)
+            except OSError:
+                raise MrcError(f"{self.inst.overlay}: the datapath is gone (map {name} id {mid} no longer "
+                               "exists); run `mrcctl down` then `mrcctl up`") from None
+            if m.name != name:
+                m.close()
+                raise MrcError(f"{self.inst.overlay}: map id {mid} is no longer {name}; run `mrcctl up`")
+            self._maps[name] = m
+        return m
+
+    def program(self, name: str) -> Program:
+        pid = self.state.get("prog_ids", {}).get(name)
+        if pid is None:
+            raise MrcError(f"{self.inst.overlay}: program {name} unknown; run `mrcctl up`")
+        return Program.from_id(pid)
+
+    def close(self):
+        for m in self._maps.values():
+            m.close()
+        self._maps.clear()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+# ------------------------------------------------------------------ planning
+
+@dataclass
+class PlaneRuntime:
+    plane: cfgmod.Plane
+    ifindex: int
+    mac: bytes
+    mtu: int
+    local: dict[int, ipaddress.IPv4Address | ipaddress.IPv6Address]   # family -> address
+    subnets: list
+
+
+def preflight(cfg: cfgmod.Config, nl: topology.Netlink) -> tuple[list[PlaneRuntime], int]:
+    """Everything that can be checked before changing anything."""
+    planes = []
+    for pl in cfg.planes:
+        link = nl.link(pl.device)
+        if link is None:
+            raise InputError(f"plane {pl.device}: no such interface in this network namespace")
+        addrs = nl.addresses(pl.device)
+        local = {}
+        for fam in (4, 6):
+            if pl.address is not None:
+                if pl.address.version == fam:
+                    local[fam] = pl.address
+                continue
+            for a in addrs:
+                if a.version == fam:
+                    local[fam] = a.ip
+                    break
+        for peer in cfg.peers:
+            remote = peer.underlay.get(pl.device)
+            if remote is not None and remote.version not in local:
+                raise InputError(f"plane {pl.device}: has no IPv{remote.version} address for peer "
+                                 f"{peer.name} ({remote}); add one or set plane.address")
+        for a in addrs:
+            if a.version == 4 and a.network.overlaps(cfg.overlay_address.network):
+                raise InputError(f"overlay.address: {cfg.overlay_address} overlaps the subnet {a.network} "
+                                 f"of plane {pl.device}")
+        planes.append(PlaneRuntime(pl, link["index"], nl.mac(pl.device), link.get("mtu"), local,
+                                   [a.network for a in addrs]))
+    need = cfg.overhead()
+    smallest = min(p.mtu for p in planes)
+    mtu = cfg.mtu if cfg.mtu is not None else smallest - need
+    if mtu + need > smallest:
+        raise InputError(f"overlay.mtu: {mtu} + {need} bytes of encapsulation exceeds the smallest "
+                         f"plane MTU {smallest}")
+    if mtu < 576:
+        raise InputError(f"overlay.mtu: plane MTU {smallest} leaves only {mtu} bytes for the overlay "
+                         "(at least 576 needed)")
+    dev = nl.link(cfg.overlay_device)
+    if dev is not None and not Instance(cfg.overlay_device).exists():
+        raise InputError(f"overlay.device: {cfg.overlay_device} already exists and is not managed by mrc")
+    return planes, mtu
+
+
+# ------------------------------------------------------------------ map contents
+
+def fill_maps(dp: Datapath, cfg: cfgmod.Config, planes: list[PlaneRuntime], overlay_ifindex: int,
+              macs: dict) -> None:
+    by_dev = {p.plane.device: p for p in planes}
+    flags = (wire.MRC_CFG_LIVENESS if cfg.health.liveness else 0) | \
+        (wire.MRC_CFG_HEDGE if cfg.health.hedge else 0)
+    dp.map("mrc_cfg").update(wire.u32(0), wire.Config(
+        udp_port=cfg.udp_port, overlay_ifindex=overlay_ifindex,
+        dead_after_us=int(cfg.health.dead_after_ms * 1000), flags=flags).pack())
+
+    paths_m, peers_m = dp.map("mrc_paths"), dp.map("mrc_peers")
+    live_m, peer_ip, rx_peers = dp.map("mrc_live"), dp.map("mrc_peer_ip"), dp.map("mrc_rx_peers")
+    wanted_rx = set()
+    wanted_ip = set()
+    for peer in cfg.peers:
+        for path in peer.paths:
+            rt = by_dev[path.plane.device]
+            idx = wire.path_idx(peer.index, path.id)
+            old = paths_m.lookup(wire.u32(idx))
+            admin = wire.Path.unpack(old).admin if old else wire.PathState.GOOD
+            paths_m.update(wire.u32(idx), wire.Path(
+                ifindex=rt.ifindex, ev=path.ev, family=path.family, plane=path.plane.index,
+                smac=rt.mac, dmac=macs.get((path.plane.device, str(path.remote))) or bytes(6),
+                saddr=str(rt.local[path.family]), daddr=str(path.remote),
+                weight=path.weight, admin=admin).pack())
+            if not _path_known(dp, idx):
+                live_m.update(wire.u32(idx), wire.PathLive(last_ack_ns=time.monotonic_ns()).pack())
+        for dev, addr in peer.underlay.items():
+            rt = by_dev[dev]
+            key = wire.RxKey(ifindex=rt.ifindex, family=addr.version, addr=str(addr)).pack()
+            rx_peers.update(key, wire.RxPeer(peer=peer.index, plane=rt.plane.index).pack())
+            wanted_rx.add(key)
+        set_slots(dp, peer, [p.weight for p in peer.paths])
+        old = peers_m.lookup(wire.u32(peer.index))
+        table = wire.Peer.unpack(old).table if old else 0
+        peers_m.update(wire.u32(peer.index), wire.Peer(
+            n_paths=len(peer.paths), table=table, spray_mode=wire.SprayMode[peer.spray.upper()],
+            min_active=peer.min_active, overlay=str(peer.overlay), ev_base=peer.ev_base).pack())
+        ip_key = peer.overlay.packed
+        peer_ip.update(ip_key, wire.u32(peer.index))
+        wanted_ip.add(ip_key)
+    # Peers and sources no longer in the config stop being accepted.
+    for key in rx_peers.keys():
+        if key not in wanted_rx:
+            rx_peers.delete(key)
+    for key in peer_ip.keys():
+        if key not in wanted_ip:
+            peer_ip.delete(key)
+    for i in range(len(cfg.peers), wire.MRC_MAX_PEERS):
+        old = peers_m.lookup(wire.u32(i))
+        if old and wire.Peer.unpack(old).n_paths:
+            peers_m.update(wire.u32(i), wire.Peer().pack())
+
+
+def _path_known(dp: Datapath, idx: int) -> bool:
+    raw = dp.map("mrc_live").lookup(wire.u32(idx))
+    return raw is not None and wire.PathLive.unpack(raw).last_ack_ns != 0
+
+
+def set_slots(dp: Datapath, peer: cfgmod.Peer, weights: list[int]) -> None:
+    """Write the idle slot table, then flip the peer to it (atomic for the datapath)."""
+    peers_m, slots_m = dp.map("mrc_peers"), dp.map("mrc_slots")
+    raw = peers_m.lookup(wire.u32(peer.index))
+    cur = wire.Peer.unpack(raw) if raw else wire.Peer()
+    idle = 1 - (cur.table & 1) if cur.n_paths else 0
+    if sum(weights) == 0:
+        weights = [1] * len(weights)
+    total = sum(weights)
+    # A whole number of weight rounds makes every path's share exact.
+    n = (wire.MRC_SLOTS // total) * total if total <= wire.MRC_SLOTS else wire.MRC_SLOTS
+    slots = wire.build_slot_table(weights, n)
+    slots_m.update(wire.u32(wire.slots_idx(peer.index, idle)), wire.Slots.of(slots).pack())
+    if cur.n_paths:
+        cur.table = idle
+        peers_m.update(wire.u32(peer.index), cur.pack())
+
+
+# ------------------------------------------------------------------ up / down
+
+class Loaded:
+    """Freshly loaded programs and their shared maps (owned handles)."""
+
+    def __init__(self, maps: dict[str, Map], tx: Program, rx: Program):
+        self.maps, self.tx, self.rx = maps, tx, rx
+
+    @property
+    def map_ids(self) -> dict[str, int]:
+        return {name: m.id for name, m in self.maps.items()}
+
+    @property
+    def prog_ids(self) -> dict[str, int]:
+        return {TX_PROG: self.tx.id, RX_PROG: self.rx.id}
+
+    def close(self) -> None:
+        for h in (*self.maps.values(), self.tx, self.rx):
+            h.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def load_objects(reuse: dict[str, Map] | None = None) -> Loaded:
+    """Load tx.bpf.o and rx.bpf.o so they share one set of maps.
+
+    The first object creates the maps unless `reuse` supplies them (the
+    running instance's, so counters, PSNs and states survive a reload); the
+    second object reuses the first's.
+    """
+    shared: dict[str, Map] = dict(reuse or {})
+    progs = []
+    for path, prog in zip(object_paths(), (TX_PROG, RX_PROG)):
+        obj = BpfObject.open(str(path))
+        try:
+            for name, m in shared.items():
+                obj.reuse_map(name, m.fd)
+            try:
+                obj.load()
+            except LibbpfError as e:
+                raise StepError(f"loading {path.name}", str(e)) from None
+            for name in MAP_NAMES:
+                if name not in shared:
+                    shared[name] = Map.from_id(obj.map(name).id)
+            progs.append(Program.from_id(obj.program(prog).id))
+        finally:
+            obj.close()
+    return Loaded(shared, *progs)
+
+
+def _running_maps(prior: dict) -> dict[str, Map]:
+    found = {}
+    for name, mid in prior.get("map_ids", {}).items():
+        with suppress(OSError):
+            m = Map.from_id(mid)
+            if m.name == name:
+                found[name] = m
+            else:
+                m.close()
+    return found
+
+
+def up(cfg: cfgmod.Config, log=print) -> str:
+    inst = Instance(cfg.overlay_device)
+    with topology.Netlink() as nl:
+        prior = inst.read()
+        planes, mtu = preflight(cfg, nl)
+        digest = objects_digest()
+        if prior and prior.get("config_digest") == cfg.digest and prior.get("objects_digest") == digest \
+                and _attached(inst, cfg, nl, prior):
+            return f"{cfg.overlay_device}: already up, nothing changed"
+        fresh = not prior
+        try:
+            return _apply(cfg, inst, nl, planes, mtu, digest, prior, log)
+        except BaseException:
+            if fresh:
+                with suppress(Exception):
+                    down(cfg, quiet=True)
+            raise
+
+
+def _programs_alive(state: dict) -> bool:
+    for pid in state.get("prog_ids", {}).values():
+        try:
+            Program.from_id(pid).close()
+        except OSError:
+            return False
+    return bool(state.get("prog_ids"))
+
+
+def _attached(inst: Instance, cfg: cfgmod.Config, nl: topology.Netlink, prior: dict) -> bool:
+    ids = prior.get("prog_ids", {})
+    if not _programs_alive(prior):
+        return False
+    if ids.get(TX_PROG) != nl.tc_egress_prog_id(cfg.overlay_device):
+        return False
+    return all(nl.xdp_prog_id(p.device) == ids.get(RX_PROG) for p in cfg.planes)
+
+
+def _step(name: str, fn, *args, **kw):
+    try:
+        return fn(*args, **kw)
+    except MrcError:
+        raise
+    except topology.TopologyError as e:
+        raise StepError(name, str(e)) from None
+    except OSError as e:
+        raise StepError(name, e.strerror or str(e)) from None
+    except Exception as e:  # netlink errors carry their own types
+        raise StepError(name, str(e) or type(e).__name__) from None
+
+
+def _apply(cfg, inst, nl, planes, mtu, digest, prior, log) -> str:
+    state = dict(prior)
+    state.update(overlay=cfg.overlay_device, config=cfg.source, config_digest=cfg.digest,
+                 netns=inst.netns, planes=sorted(set(state.get("planes", [])) | {p.device for p in cfg.planes}))
+    state.setdefault("rp_filter", {})
+    inst.write(state)     # from here on `down` can find and undo everything
+
+    loaded = None
+    if prior.get("objects_digest") != digest or not _programs_alive(prior):
+        loaded = _step("loading BPF programs", load_objects, _running_maps(prior))
+        state.update(prog_ids=loaded.prog_ids, map_ids=loaded.map_ids, objects_digest=digest)
+        inst.write(state)
+
+    _step("creating the overlay device", nl.create_overlay, cfg.overlay_device, mtu, cfg.overlay_address)
+    overlay_ifindex = nl.index(cfg.overlay_device)
+
+    for rt in planes:
+        key = f"net/ipv4/conf/{rt.plane.device}/rp_filter"
+        if rt.plane.device not in state["rp_filter"]:
+            state["rp_filter"][rt.plane.device] = topology.get_sysctl(key)
+        # Decapsulated packets arrive on the plane with an overlay source that
+        # routes via the overlay device: strict reverse-path filtering drops them.
+        _step(f"setting rp_filter on {rt.plane.device}", topology.set_sysctl, key, "2")
+    inst.write(state)
+
+    wanted = [(p.plane.device, str(p.remote)) for peer in cfg.peers for p in peer.paths]
+    macs = nl.resolve_neighbours(sorted(set(wanted)))
+
+    with Datapath(inst) as dp:
+        _step("filling the maps", fill_maps, dp, cfg, planes, overlay_ifindex, macs)
+        rx = _step("opening the receive program", dp.program, RX_PROG)
+        tx = _step("opening the transmit program", dp.program, TX_PROG)
+        try:
+            for rt in planes:
+                if nl.xdp_prog_id(rt.plane.device) != state["prog_ids"][RX_PROG]:
+                    _step(f"attaching XDP to {rt.plane.device}", nl.attach_xdp, rt.plane.device, rx.fd)
+            _step(f"attaching tc egress to {cfg.overlay_device}", nl.attach_tc_egress,
+                  cfg.overlay_device, tx.fd, TX_PROG)
+        finally:
+            rx.close()
+            tx.close()
+
+    # Planes dropped from the config: detach our program, restore rp_filter.
+    for dev in set(state["planes"]) - {p.device for p in cfg.planes}:
+        _detach_plane(nl, dev, state)
+    state["planes"] = [p.device for p in cfg.planes]
+
+    routes = set(state.get("routes", []))
+    want_routes = {f"{peer.overlay}/32" for peer in cfg.peers}
+    for r in sorted(want_routes):
+        _step(f"adding route {r}", nl.route_replace, r, cfg.overlay_device)
+    for r in sorted(routes - want_routes):
+        nl.route_delete(r, cfg.overlay_device)
+    state["routes"] = sorted(want_routes)
+    state["mtu"] = mtu
+    state["up_at"] = time.time()
+    inst.write(state)
+    if loaded is not None:
+        loaded.close()    # the attachments hold the programs, the programs the maps
+    unresolved = [f"{d}->{a}" for (d, a), m in macs.items() if m is None]
+    note = f" ({len(unresolved)} neighbours unresolved, kernel resolves them)" if unresolved else ""
+    n_paths = sum(len(p.paths) for p in cfg.peers)
+    return (f"{cfg.overlay_device}: up, {cfg.overlay_address} mtu {mtu}, {len(cfg.planes)} planes, "
+            f"{len(cfg.peers)} peers, {n_paths} paths{note}")
+
+
+def _detach_plane(nl: topology.Netlink, dev: str, state: dict) -> None:
+    rx_id = state.get("prog_ids", {}).get(RX_PROG)
+    cur = nl.xdp_prog_id(dev)
+    if cur and (cur == rx_id or _prog_name(cur) == RX_PROG):
+        nl.detach_xdp(dev)
+    old = state.get("rp_filter", {}).pop(dev, None)
+    if old is not None:
+        with suppress(OSError):
+            topology.set_sysctl(f"net/ipv4/conf/{dev}/rp_filter", old)
+
+
+def _prog_name(prog_id: int) -> str | None:
+    try:
+        with Program.from_id(prog_id) as p:
+            return p.name
+    except OSError:
+        return None
+
+
+def stop_agent(state: dict) -> None:
+    pid = state.get("agent_pid")
+    if not pid:
+        return
+    with suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, signal.SIGTERM)
+        for _ in range(100):
+            os.kill(pid, 0)
+            time.sleep(0.02)
+        os.kill(pid, signal.SIGKILL)
+
+
+def down(cfg: cfgmod.Config | None = None, overlay: str | None = None, quiet: bool = False) -> str:
+    """Remove everything `up` created; works on half-configured or crashed instances."""
+    overlay = overlay or cfg.overlay_device
+    inst = Instance(overlay)
+    state = inst.read()
+    had_state = bool(state)
+    removed = []
+    stop_agent(state)
+    with topology.Netlink() as nl:
+        planes = set(state.get("planes", []))
+        if cfg is not None:
+            planes |= {p.device for p in cfg.planes}
+        state.setdefault("prog_ids", {})
+        for dev in sorted(planes):
+            if nl.index(dev) is not None:
+                _detach_plane(nl, dev, state)
+        # Deleting the overlay device takes its clsact hook and routes with it.
+        if nl.index(overlay) is not None and (state or inst.exists() or cfg is not None):
+            nl.delete_link(overlay)
+            removed.append(overlay)
+    inst.remove()
+    if not removed and not had_state:
+        return f"{overlay}: nothing to remove"
+    return f"{overlay}: down"
+

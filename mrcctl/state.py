@@ -1,0 +1,66 @@
+"""Where an instance keeps its state so later invocations find it.
+
+An instance is one overlay device in one network namespace. Its record is a
+JSON file under /run/mrc/instances/ns<netns inode>-<device>/: plain files on
+the host's /run are visible to every `ip netns exec` invocation, whereas a
+bpffs mounted by one such invocation lives only in that invocation's private
+mount namespace. The record names the BPF programs and maps by their global
+ids (see loader.Datapath), what `up` changed (sysctls, routes, planes) and
+the agent's pid.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+RUN_DIR = Path(os.environ.get("MRC_RUN_DIR", "/run/mrc"))
+
+
+def netns_id() -> int:
+    """Inode of this process's network namespace: stable while it exists."""
+    return os.stat("/proc/self/ns/net").st_ino
+
+
+@dataclass
+class Instance:
+    overlay: str
+    netns: int = field(default_factory=netns_id)
+
+    @property
+    def key(self) -> str:
+        return f"ns{self.netns}-{self.overlay}"
+
+    @property
+    def run_dir(self) -> Path:
+        return RUN_DIR / "instances" / self.key
+
+    @property
+    def state_file(self) -> Path:
+        return self.run_dir / "state.json"
+
+    def exists(self) -> bool:
+        return self.state_file.exists()
+
+    def read(self) -> dict:
+        try:
+            return json.loads(self.state_file.read_text())
+        except (OSError, ValueError):
+            return {}
+
+    def write(self, state: dict) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(state, indent=2, sort_keys=True))
+        os.replace(tmp, self.state_file)
+
+    def remove(self) -> None:
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+
+
+def all_instances() -> list[str]:
+    d = RUN_DIR / "instances"
+    return sorted(p.name for p in d.iterdir()) if d.exists() else []

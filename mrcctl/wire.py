@@ -1,0 +1,523 @@
+"""Python mirror of bpf/mrc.h: constants, enums and struct pack/unpack.
+
+tests/unit/test_wire.py compiles a C program against mrc.h and checks every
+constant, struct size and field offset here against it, so a change to one
+side without the other fails the unit tests.
+
+Byte order: the MRC header is on the wire (big-endian). Map keys and values
+are host-endian except addresses, which stay in network order ("=" formats
+below; addresses are kept as raw bytes inside the struct and shown as
+strings in the Python objects).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import socket
+import struct
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import ClassVar, Iterable, Sequence
+
+# ---------------------------------------------------------------------------
+# constants (#define in mrc.h)
+
+MRC_VERSION = 1
+MRC_DEFAULT_UDP_PORT = 4794
+MRC_DEFAULT_EV_BASE = 49152
+
+MRC_MAX_PEERS = 64
+MRC_MAX_PATHS = 256
+MRC_MAX_PLANES = 16
+MRC_SLOTS = 1024
+
+MRC_F_FEEDBACK = 0x01
+MRC_F_HEDGE = 0x02
+
+MRC_HDR_LEN = 28
+MRC_OVERHEAD_V4 = 20 + 8 + MRC_HDR_LEN
+MRC_OVERHEAD_V6 = 40 + 8 + MRC_HDR_LEN
+
+MRC_CFG_LIVENESS = 0x01
+MRC_CFG_HEDGE = 0x02
+
+MRC_PATH_ENTRIES = MRC_MAX_PEERS * MRC_MAX_PATHS
+
+
+def path_idx(peer: int, path: int) -> int:
+    """MRC_PATH_IDX(peer, path): index into mrc_paths/mrc_live/mrc_path_stats."""
+    if not (0 <= peer < MRC_MAX_PEERS and 0 <= path < MRC_MAX_PATHS):
+        raise ValueError(f"peer {peer} / path {path} out of range")
+    return peer * MRC_MAX_PATHS + path
+
+
+def slots_idx(peer: int, table: int) -> int:
+    """Index into mrc_slots: peer * 2 + table."""
+    return peer * 2 + (table & 1)
+
+
+# ---------------------------------------------------------------------------
+# enums
+
+class _LabelEnum(IntEnum):
+    @property
+    def label(self) -> str:
+        """Lower-case snake name, usable as a Prometheus label value."""
+        return self.name.lower()
+
+
+class MsgType(_LabelEnum):
+    """enum mrc_type (low nibble of ver_type)."""
+    DATA = 0
+    PROBE = 1
+    PROBE_REPLY = 2
+
+
+class PathState(_LabelEnum):
+    """enum mrc_path_state."""
+    GOOD = 0
+    ASSUMED_BAD = 1
+    DENIED = 2
+
+
+class Reason(_LabelEnum):
+    """enum mrc_reason: index into mrc_drops (MRC_R_MAX is not a member)."""
+    RX_TRUNCATED = 0
+    RX_BAD_VERSION = 1
+    RX_UNKNOWN_PEER = 2
+    RX_UNKNOWN_PATH = 3
+    RX_BAD_TYPE = 4
+    RX_FRAGMENT = 5
+    RX_IP_OPTIONS = 6
+    RX_BAD_INNER = 7
+    RX_DUPLICATE = 8
+    RX_DECAP_FAIL = 9
+    TX_NO_PEER = 10
+    TX_NO_PATH = 11
+    TX_NOT_IPV4 = 12
+    TX_ENCAP_FAIL = 13
+    RX_PROBE_REPLIED = 14
+    RX_PROBE_REPLY = 15
+
+    @property
+    def is_drop(self) -> bool:
+        return self not in (Reason.RX_PROBE_REPLIED, Reason.RX_PROBE_REPLY)
+
+
+MRC_R_MAX = 16
+
+
+class SprayMode(_LabelEnum):
+    """enum mrc_spray."""
+    WEIGHTED = 0
+    FLOWLET = 1
+    HASH = 2
+
+
+def c_constants() -> dict[str, int]:
+    """Every #define and enum value of mrc.h, by its C name (for tests)."""
+    out = {
+        "MRC_VERSION": MRC_VERSION,
+        "MRC_DEFAULT_UDP_PORT": MRC_DEFAULT_UDP_PORT,
+        "MRC_DEFAULT_EV_BASE": MRC_DEFAULT_EV_BASE,
+        "MRC_MAX_PEERS": MRC_MAX_PEERS,
+        "MRC_MAX_PATHS": MRC_MAX_PATHS,
+        "MRC_MAX_PLANES": MRC_MAX_PLANES,
+        "MRC_SLOTS": MRC_SLOTS,
+        "MRC_F_FEEDBACK": MRC_F_FEEDBACK,
+        "MRC_F_HEDGE": MRC_F_HEDGE,
+        "MRC_HDR_LEN": MRC_HDR_LEN,
+        "MRC_OVERHEAD_V4": MRC_OVERHEAD_V4,
+        "MRC_OVERHEAD_V6": MRC_OVERHEAD_V6,
+        "MRC_CFG_LIVENESS": MRC_CFG_LIVENESS,
+        "MRC_CFG_HEDGE": MRC_CFG_HEDGE,
+        "MRC_R_MAX": MRC_R_MAX,
+    }
+    out.update({f"MRC_T_{m.name}": int(m) for m in MsgType})
+    out.update({f"MRC_PATH_{m.name}": int(m) for m in PathState})
+    out.update({f"MRC_R_{m.name}": int(m) for m in Reason})
+    out.update({f"MRC_SPRAY_{m.name}": int(m) for m in SprayMode})
+    return out
+
+
+# ---------------------------------------------------------------------------
+# conversions
+
+def mac_bytes(mac: str | bytes | None) -> bytes:
+    if mac is None:
+        return bytes(6)
+    if isinstance(mac, (bytes, bytearray)):
+        if len(mac) != 6:
+            raise ValueError(f"MAC must be 6 bytes, got {len(mac)}")
+        return bytes(mac)
+    b = bytes(int(x, 16) for x in mac.replace("-", ":").split(":"))
+    if len(b) != 6:
+        raise ValueError(f"bad MAC {mac!r}")
+    return b
+
+
+def mac_str(b: bytes) -> str:
+    return ":".join(f"{x:02x}" for x in b)
+
+
+def addr_bytes(addr, family: int | None = None) -> bytes:
+    """An address as the 16-byte __be32[4] of mrc.h (IPv4 in [0])."""
+    if addr is None or addr == "":
+        return bytes(16)
+    if isinstance(addr, (bytes, bytearray)):
+        if len(addr) == 4:
+            return bytes(addr) + bytes(12)
+        if len(addr) == 16:
+            return bytes(addr)
+        raise ValueError(f"address must be 4 or 16 bytes, got {len(addr)}")
+    a = ipaddress.ip_address(addr)
+    if family is not None and a.version != family:
+        raise ValueError(f"{addr} is not IPv{family}")
+    return a.packed.ljust(16, b"\0")
+
+
+def addr_str(b: bytes, family: int) -> str:
+    if family == 4:
+        return socket.inet_ntop(socket.AF_INET, b[:4])
+    if family == 6:
+        return socket.inet_ntop(socket.AF_INET6, b[:16])
+    return "" if not any(b) else b.hex()
+
+
+def family_of(addr) -> int:
+    return ipaddress.ip_address(addr).version
+
+
+def ipv4_key(addr: str) -> bytes:
+    """mrc_peer_ip key: an IPv4 address in network order."""
+    return socket.inet_aton(addr)
+
+
+def u32(v: int) -> bytes:
+    """A __u32 map key or value."""
+    return struct.pack("=I", v)
+
+
+def u64(v: int) -> bytes:
+    return struct.pack("=Q", v)
+
+
+def unpack_u32(b: bytes) -> int:
+    return struct.unpack("=I", b[:4])[0]
+
+
+def sum_percpu_u64(values: Iterable[bytes]) -> int:
+    """Sum a per-CPU __u64 value (Map.lookup_percpu of mrc_drops)."""
+    return sum(struct.unpack("=Q", v[:8])[0] for v in values)
+
+
+# ---------------------------------------------------------------------------
+# structs
+
+class _Struct:
+    """Base: LAYOUT is ((c_field_name, struct_format), ...) in C order with
+    no implicit padding ("=" / "!" formats do not align, so the layout must
+    spell out any padding the C compiler would add; test_wire checks)."""
+
+    C_NAME: ClassVar[str]
+    ORDER: ClassVar[str] = "="
+    LAYOUT: ClassVar[tuple[tuple[str, str], ...]]
+
+    @classmethod
+    def fmt(cls) -> str:
+        return cls.ORDER + "".join(f for _n, f in cls.LAYOUT)
+
+    @classmethod
+    def size(cls) -> int:
+        return struct.calcsize(cls.fmt())
+
+    @classmethod
+    def offsets(cls) -> dict[str, int]:
+        out, fmt = {}, cls.ORDER
+        for name, f in cls.LAYOUT:
+            out[name] = struct.calcsize(fmt)
+            fmt += f
+        return out
+
+    def _to_raw(self) -> list:
+        return [getattr(self, n) for n, _f in self.LAYOUT]
+
+    @classmethod
+    def _from_raw(cls, vals: Sequence):
+        return cls(**{n: v for (n, _f), v in zip(cls.LAYOUT, vals)})
+
+    def pack(self) -> bytes:
+        return struct.pack(self.fmt(), *self._to_raw())
+
+    @classmethod
+    def unpack(cls, b: bytes):
+        n = cls.size()
+        if len(b) < n:
+            raise ValueError(f"{cls.__name__}: need {n} bytes, got {len(b)}")
+        return cls._from_raw(struct.unpack(cls.fmt(), bytes(b[:n])))
+
+
+@dataclass
+class MrcHdr(_Struct):
+    """struct mrc_hdr (on the wire, big-endian)."""
+    C_NAME: ClassVar[str] = "mrc_hdr"
+    ORDER: ClassVar[str] = "!"
+    LAYOUT: ClassVar = (
+        ("ver_type", "B"), ("flags", "B"), ("path_id", "H"), ("psn", "I"),
+        ("tx_ts", "I"), ("segs", "H"), ("seg_size", "H"), ("seq0", "I"),
+        ("fb_path", "H"), ("fb_rsvd", "H"), ("fb_ts", "I"),
+    )
+    ver_type: int = MRC_VERSION << 4
+    flags: int = 0
+    path_id: int = 0
+    psn: int = 0
+    tx_ts: int = 0
+    segs: int = 1
+    seg_size: int = 0
+    seq0: int = 0
+    fb_path: int = 0
+    fb_rsvd: int = 0
+    fb_ts: int = 0
+
+    @property
+    def version(self) -> int:
+        return self.ver_type >> 4
+
+    @property
+    def type(self) -> int:
+        return self.ver_type & 0x0F
+
+
+def encode_mrc_hdr(type: int = MsgType.DATA, *, version: int = MRC_VERSION,
+                   flags: int = 0, path_id: int = 0, psn: int = 0, tx_ts: int = 0,
+                   segs: int = 1, seg_size: int = 0, seq0: int = 0,
+                   fb_path: int = 0, fb_ts: int = 0, fb_rsvd: int = 0) -> bytes:
+    return MrcHdr(ver_type=((version & 0xF) << 4) | (int(type) & 0xF), flags=flags,
+                  path_id=path_id, psn=psn & 0xFFFFFFFF, tx_ts=tx_ts & 0xFFFFFFFF,
+                  segs=segs, seg_size=seg_size, seq0=seq0 & 0xFFFFFFFF,
+                  fb_path=fb_path, fb_rsvd=fb_rsvd, fb_ts=fb_ts & 0xFFFFFFFF).pack()
+
+
+def decode_mrc_hdr(b: bytes) -> MrcHdr:
+    return MrcHdr.unpack(b)
+
+
+@dataclass
+class Config(_Struct):
+    """struct mrc_config (mrc_cfg[0])."""
+    C_NAME: ClassVar[str] = "mrc_config"
+    LAYOUT: ClassVar = (("udp_port", "I"), ("overlay_ifindex", "I"),
+                        ("dead_after_us", "I"), ("flags", "I"))
+    udp_port: int = MRC_DEFAULT_UDP_PORT
+    overlay_ifindex: int = 0
+    dead_after_us: int = 0
+    flags: int = 0
+
+
+@dataclass
+class Peer(_Struct):
+    """struct mrc_peer. overlay is a dotted IPv4 string."""
+    C_NAME: ClassVar[str] = "mrc_peer"
+    LAYOUT: ClassVar = (("n_paths", "I"), ("table", "I"), ("spray_mode", "I"),
+                        ("min_active", "I"), ("overlay", "4s"), ("ev_base", "I"))
+    n_paths: int = 0
+    table: int = 0
+    spray_mode: int = SprayMode.WEIGHTED
+    min_active: int = 1
+    overlay: str = "0.0.0.0"
+    ev_base: int = MRC_DEFAULT_EV_BASE
+
+    def _to_raw(self):
+        v = super()._to_raw()
+        v[4] = socket.inet_aton(self.overlay or "0.0.0.0")
+        return v
+
+    @classmethod
+    def _from_raw(cls, vals):
+        vals = list(vals)
+        vals[4] = socket.inet_ntoa(vals[4])
+        return super()._from_raw(vals)
+
+
+@dataclass
+class Slots(_Struct):
+    """struct mrc_slots: n slots in use, slot[i] = path index."""
+    C_NAME: ClassVar[str] = "mrc_slots"
+    LAYOUT: ClassVar = (("n", "I"), ("slot", f"{MRC_SLOTS}s"))
+    n: int = 0
+    slot: list[int] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, table: Sequence[int]) -> "Slots":
+        return cls(n=len(table), slot=list(table))
+
+    def _to_raw(self):
+        if not 0 <= self.n <= MRC_SLOTS or len(self.slot) > MRC_SLOTS:
+            raise ValueError("slot table longer than MRC_SLOTS")
+        return [self.n, bytes(self.slot).ljust(MRC_SLOTS, b"\0")]
+
+    @classmethod
+    def _from_raw(cls, vals):
+        n = vals[0]
+        return cls(n=n, slot=list(vals[1][:min(n, MRC_SLOTS)]))
+
+
+@dataclass
+class Path(_Struct):
+    """struct mrc_path. MACs as "aa:bb:.." strings, addresses as strings
+    (IPv4 or IPv6 per family); bytes are accepted too."""
+    C_NAME: ClassVar[str] = "mrc_path"
+    LAYOUT: ClassVar = (
+        ("ifindex", "I"), ("ev", "H"), ("family", "B"), ("plane", "B"),
+        ("smac", "6s"), ("dmac", "6s"), ("saddr", "16s"), ("daddr", "16s"),
+        ("weight", "I"), ("admin", "I"),
+    )
+    ifindex: int = 0
+    ev: int = 0
+    family: int = 4
+    plane: int = 0
+    smac: str = "00:00:00:00:00:00"
+    dmac: str = "00:00:00:00:00:00"
+    saddr: str = ""
+    daddr: str = ""
+    weight: int = 1
+    admin: int = PathState.GOOD
+
+    def _to_raw(self):
+        v = super()._to_raw()
+        v[4], v[5] = mac_bytes(self.smac), mac_bytes(self.dmac)
+        v[6], v[7] = addr_bytes(self.saddr, self.family), addr_bytes(self.daddr, self.family)
+        return v
+
+    @classmethod
+    def _from_raw(cls, vals):
+        vals = list(vals)
+        vals[4], vals[5] = mac_str(vals[4]), mac_str(vals[5])
+        vals[6], vals[7] = addr_str(vals[6], vals[2]), addr_str(vals[7], vals[2])
+        return super()._from_raw(vals)
+
+
+@dataclass
+class PathLive(_Struct):
+    """struct mrc_path_live (datapath-written liveness)."""
+    C_NAME: ClassVar[str] = "mrc_path_live"
+    LAYOUT: ClassVar = (("last_ack_ns", "Q"), ("last_rx_ns", "Q"), ("last_rx_ts", "I"),
+                        ("state", "I"), ("srtt_us", "I"), ("rtt_us", "I"))
+    last_ack_ns: int = 0
+    last_rx_ns: int = 0
+    last_rx_ts: int = 0
+    state: int = PathState.GOOD
+    srtt_us: int = 0
+    rtt_us: int = 0
+
+
+@dataclass
+class PeerSeq(_Struct):
+    """struct mrc_peer_seq."""
+    C_NAME: ClassVar[str] = "mrc_peer_seq"
+    LAYOUT: ClassVar = (("psn", "Q"), ("cursor", "Q"), ("fb_cursor", "Q"), ("rx_psn_max", "Q"))
+    psn: int = 0
+    cursor: int = 0
+    fb_cursor: int = 0
+    rx_psn_max: int = 0
+
+
+@dataclass
+class PathStats(_Struct):
+    """struct mrc_path_stats (per CPU; PathStats.sum() adds CPUs up)."""
+    C_NAME: ClassVar[str] = "mrc_path_stats"
+    LAYOUT: ClassVar = tuple((n, "Q") for n in (
+        "tx_packets", "tx_bytes", "rx_packets", "rx_bytes", "rx_ooo", "rx_dup",
+        "probes_tx", "probes_rx"))
+    tx_packets: int = 0
+    tx_bytes: int = 0
+    rx_packets: int = 0
+    rx_bytes: int = 0
+    rx_ooo: int = 0
+    rx_dup: int = 0
+    probes_tx: int = 0
+    probes_rx: int = 0
+
+    @classmethod
+    def sum(cls, values: Iterable[bytes]) -> "PathStats":
+        """Add up Map.lookup_percpu() results into one PathStats."""
+        tot = cls()
+        for v in values:
+            s = cls.unpack(v)
+            for name, _f in cls.LAYOUT:
+                setattr(tot, name, getattr(tot, name) + getattr(s, name))
+        return tot
+
+    def __add__(self, other: "PathStats") -> "PathStats":
+        return PathStats(**{n: getattr(self, n) + getattr(other, n) for n, _ in self.LAYOUT})
+
+
+@dataclass
+class RxKey(_Struct):
+    """struct mrc_rx_key: (plane ifindex, family, source address)."""
+    C_NAME: ClassVar[str] = "mrc_rx_key"
+    LAYOUT: ClassVar = (("ifindex", "I"), ("family", "I"), ("addr", "16s"))
+    ifindex: int = 0
+    family: int = 4
+    addr: str = ""
+
+    def _to_raw(self):
+        return [self.ifindex, self.family, addr_bytes(self.addr, self.family)]
+
+    @classmethod
+    def _from_raw(cls, vals):
+        return cls(ifindex=vals[0], family=vals[1], addr=addr_str(vals[2], vals[1]))
+
+
+@dataclass
+class RxPeer(_Struct):
+    """struct mrc_rx_peer."""
+    C_NAME: ClassVar[str] = "mrc_rx_peer"
+    LAYOUT: ClassVar = (("peer", "I"), ("plane", "I"))
+    peer: int = 0
+    plane: int = 0
+
+
+ALL_STRUCTS: tuple[type[_Struct], ...] = (
+    MrcHdr, Config, Peer, Slots, Path, PathLive, PeerSeq, PathStats, RxKey, RxPeer)
+
+
+# ---------------------------------------------------------------------------
+# helpers for the control plane
+
+def build_slot_table(weights: Sequence[int], n: int = MRC_SLOTS) -> list[int]:
+    """Spray slot table of n entries for paths 0..len(weights)-1, each path
+    getting a share of slots proportional to its weight (weight 0: none).
+
+    Smooth weighted round robin (as nginx upstreams): consecutive slots
+    interleave paths (3:1:1:1 gives 0,1,0,2,3,0, ...) instead of runs, so a
+    burst of packets spreads over all paths. Over any window of sum(weights) slots each path
+    gets exactly its weight; over n slots, within one slot of n*w/sum(w)."""
+    if not 1 <= n <= MRC_SLOTS:
+        raise ValueError(f"slot table size {n} not in 1..{MRC_SLOTS}")
+    if len(weights) > MRC_MAX_PATHS:
+        raise ValueError(f"{len(weights)} paths > MRC_MAX_PATHS")
+    if any(w < 0 for w in weights):
+        raise ValueError("negative weight")
+    total = sum(weights)
+    if total == 0:
+        raise ValueError("no path with a positive weight")
+    current = [0] * len(weights)
+    table = []
+    for _ in range(n):
+        best = -1
+        for i, w in enumerate(weights):
+            if w <= 0:
+                continue
+            current[i] += w
+            if best < 0 or current[i] > current[best]:
+                best = i
+        current[best] -= total
+        table.append(best)
+    return table
+
+
+def replace(obj, **changes):
+    """dataclasses.replace, re-exported for callers building map values."""
+    return dataclasses.replace(obj, **changes)

@@ -1,0 +1,140 @@
+#!/usr/bin/env python3
+"""Bounded TCP transfers with sha256 at both ends, and a timestamping receiver.
+
+    xfer.py recv --bind 172.31.0.2 --port 5001 [--timeline out.json --bucket-ms 10]
+    xfer.py send --to 172.31.0.2 --port 5001 --bytes 64M [--seed 1]
+
+Each side prints one JSON line: bytes, sha256, seconds (and the receiver's
+goodput timeline when asked). Every socket has a timeout and the receiver
+accepts exactly one connection, so nothing here can run forever.
+Standard library only: it runs inside test namespaces with any python3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import random
+import socket
+import sys
+import time
+
+CHUNK = 256 * 1024
+
+
+def parse_size(s: str) -> int:
+    s = s.strip().upper()
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(s[-1:], 1)
+    return int(float(s[:-1] if s[-1:] in "KMG" else s) * mult)
+
+
+def payload(seed: int, n: int) -> bytes:
+    return random.Random(seed).randbytes(n)
+
+
+def recv(bind: str, port: int, timeout: float, timeline: str | None, bucket_ms: float,
+         ready_file: str | None = None) -> dict:
+    srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind((bind, port))
+    srv.listen(1)
+    srv.settimeout(timeout)
+    if ready_file:
+        open(ready_file, "w").close()
+    print(json.dumps({"listening": f"{bind}:{port}"}), flush=True)
+    conn, peer = srv.accept()
+    conn.settimeout(timeout)
+    h = hashlib.sha256()
+    total = 0
+    buckets: dict[int, int] = {}
+    t0 = time.monotonic()
+    reset = False
+    buf = bytearray(CHUNK)
+    view = memoryview(buf)
+    while True:
+        try:
+            n = conn.recv_into(buf)
+        except ConnectionResetError:
+            reset = True
+            break
+        if not n:
+            break
+        h.update(view[:n])
+        total += n
+        if timeline:
+            b = int((time.monotonic() - t0) * 1000 / bucket_ms)
+            buckets[b] = buckets.get(b, 0) + n
+    secs = time.monotonic() - t0
+    conn.close()
+    srv.close()
+    out = {"role": "recv", "bytes": total, "sha256": h.hexdigest(), "seconds": round(secs, 4),
+           "reset": reset, "peer": peer[0]}
+    if timeline:
+        last = max(buckets) if buckets else 0
+        series = [buckets.get(i, 0) for i in range(last + 1)]
+        with open(timeline, "w") as f:
+            json.dump({"bucket_ms": bucket_ms, "bytes": series}, f)
+        out["timeline"] = timeline
+    return out
+
+
+def send(to: str, port: int, nbytes: int, seed: int, timeout: float, connect_wait: float) -> dict:
+    data = payload(seed, nbytes)
+    deadline = time.monotonic() + connect_wait
+    while True:
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.settimeout(timeout)
+        try:
+            s.connect((to, port))
+            break
+        except (ConnectionRefusedError, socket.timeout, OSError):
+            s.close()
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+    t0 = time.monotonic()
+    view = memoryview(data)
+    for off in range(0, nbytes, CHUNK):
+        s.sendall(view[off:off + CHUNK])
+    s.shutdown(socket.SHUT_WR)
+    # Wait for the receiver to close so "seconds" covers delivery, not buffering.
+    s.recv(1)
+    secs = time.monotonic() - t0
+    s.close()
+    return {"role": "send", "bytes": nbytes, "sha256": hashlib.sha256(data).hexdigest(),
+            "seconds": round(secs, 4), "gbps": round(nbytes * 8 / secs / 1e9, 3)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("recv")
+    r.add_argument("--bind", default="0.0.0.0")
+    r.add_argument("--port", type=int, default=5001)
+    r.add_argument("--timeout", type=float, default=60)
+    r.add_argument("--timeline")
+    r.add_argument("--bucket-ms", type=float, default=10)
+    r.add_argument("--ready-file")
+    s = sub.add_parser("send")
+    s.add_argument("--to", required=True)
+    s.add_argument("--port", type=int, default=5001)
+    s.add_argument("--bytes", default="64M")
+    s.add_argument("--seed", type=int, default=1)
+    s.add_argument("--timeout", type=float, default=60)
+    s.add_argument("--connect-wait", type=float, default=10)
+    a = ap.parse_args(argv)
+    try:
+        if a.cmd == "recv":
+            out = recv(a.bind, a.port, a.timeout, a.timeline, a.bucket_ms, a.ready_file)
+        else:
+            out = send(a.to, a.port, parse_size(a.bytes), a.seed, a.timeout, a.connect_wait)
+    except (OSError, socket.timeout) as e:
+        print(json.dumps({"role": a.cmd, "error": f"{type(e).__name__}: {e}"}), flush=True)
+        return 1
+    print(json.dumps(out), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,120 @@
+"""A testbed with mrc on every host: the integration tests' harness.
+
+Lab(hosts, planes, ...) builds the namespaces (mrcctl.testbed), writes one
+mrc config per host and runs the real `mrcctl` inside each namespace with
+`ip netns exec`, exactly as an operator would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from mrcctl.testbed import Testbed
+
+REPO = Path(__file__).resolve().parents[2]
+XFER = str(REPO / "scripts" / "xfer.py")
+MRCCTL = [sys.executable, "-m", "mrcctl"]
+
+
+class Lab:
+    def __init__(self, tmp: Path, hosts: int = 2, planes: int = 4, rates=None, ipv6: bool = False,
+                 prefix: str | None = None, **cfg):
+        self.tmp = Path(tmp)
+        self.prefix = prefix or f"mi{os.getpid() % 10000}"
+        self.tb = Testbed(hosts=hosts, planes=planes, rates=rates, ipv6=ipv6, prefix=self.prefix)
+        self.family = 6 if ipv6 else 4
+        self.cfg_kw = cfg
+        self.configs: dict[int, Path] = {}
+
+    def __enter__(self):
+        self.tb.up()
+        for i in self.tb.hosts():
+            self.write_config(i, **self.cfg_kw)
+        return self
+
+    def __exit__(self, *exc):
+        for i in self.tb.hosts():
+            self.mrcctl(i, "down", check=False)
+        self.tb.down()
+
+    def write_config(self, i: int, **kw) -> Path:
+        kw.setdefault("family", self.family)
+        path = self.tmp / f"h{i}.toml"
+        path.write_text(self.tb.mrc_config(i, **kw))
+        self.configs[i] = path
+        return path
+
+    def mrcctl(self, i: int, *args, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
+        args = list(args)
+        if args and args[0] in ("up", "down", "status", "events", "path") and "-c" not in args:
+            args += ["-c", str(self.configs[i])]
+        cp = subprocess.run(["ip", "netns", "exec", self.tb.ns(i), *MRCCTL, *args],
+                            capture_output=True, text=True, timeout=timeout, cwd=REPO)
+        if check and cp.returncode != 0:
+            raise AssertionError(f"mrcctl {' '.join(args)} on h{i} failed ({cp.returncode}): "
+                                 f"{cp.stderr.strip()}")
+        return cp
+
+    def up(self, hosts=None):
+        for i in hosts if hosts is not None else self.tb.hosts():
+            self.mrcctl(i, "up")
+
+    def status(self, i: int) -> dict:
+        return json.loads(self.mrcctl(i, "status", "--json").stdout)
+
+    def paths(self, i: int, peer: str | None = None) -> list[dict]:
+        snap = self.status(i)
+        peers = [p for p in snap["peers"] if peer is None or p["name"] == peer]
+        return [path for p in peers for path in p["paths"]]
+
+    def overlay(self, i: int) -> str:
+        return self.tb.overlay_addr(i)
+
+    def start_receiver(self, dst: int, port: int = 5001, timeout: float = 60, timeline: str | None = None):
+        ready = self.tmp / f"ready-{dst}-{port}"
+        ready.unlink(missing_ok=True)
+        cmd = [sys.executable, XFER, "recv", "--bind", self.overlay(dst), "--port", str(port),
+               "--timeout", str(timeout), "--ready-file", str(ready)]
+        if timeline:
+            cmd += ["--timeline", timeline]
+        proc = self.tb.popen(dst, cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 10
+        while not ready.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"receiver did not start: {proc.stderr.read() if proc.stderr else ''}")
+            time.sleep(0.02)
+        return proc
+
+    def start_sender(self, src: int, dst: int, nbytes: str = "64M", port: int = 5001, seed: int = 1,
+                     timeout: float = 60):
+        cmd = [sys.executable, XFER, "send", "--to", self.overlay(dst), "--port", str(port),
+               "--bytes", nbytes, "--seed", str(seed), "--timeout", str(timeout)]
+        return self.tb.popen(src, cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    @staticmethod
+    def result(proc, timeout: float = 120) -> dict:
+        out, err = proc.communicate(timeout=timeout)
+        lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        if not lines or "error" in lines[-1] or proc.returncode != 0:
+            raise AssertionError(f"xfer failed ({proc.returncode}): {out} {err}")
+        return lines[-1]
+
+    def transfer(self, src: int, dst: int, nbytes: str = "64M", port: int = 5001, seed: int = 1,
+                 timeout: float = 60) -> tuple[dict, dict]:
+        recv = self.start_receiver(dst, port, timeout)
+        send = self.start_sender(src, dst, nbytes, port, seed, timeout)
+        return self.result(send, timeout + 30), self.result(recv, timeout + 30)
+
+    def nstat(self, i: int) -> dict[str, int]:
+        """Absolute kernel counters of host i (nstat -a, without touching its history)."""
+        out = self.tb.exec(i, ["nstat", "-a", "-s", "-z", "-j"]).stdout
+        data = json.loads(out)
+        flat = {}
+        for group in data.values():
+            flat.update(group)
+        return flat

@@ -1,0 +1,77 @@
+"""Static checks of the install/CI/VM files (no root, no network)."""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _path(*parts):
+    return os.path.join(ROOT, *parts)
+
+
+def _read(*parts):
+    with open(_path(*parts)) as f:
+        return f.read()
+
+
+def test_setup_sh_parses():
+    cp = subprocess.run(["bash", "-n", _path("scripts", "setup.sh")], capture_output=True, text=True)
+    assert cp.returncode == 0, cp.stderr
+
+
+def test_setup_sh_is_strict_and_knows_its_modes():
+    s = _read("scripts", "setup.sh")
+    assert "set -euo pipefail" in s
+    for needle in ("--demo", "--test", "dpkg-query", "make -C bpf", "/usr/local/bin/mrcctl",
+                   "libbpf-dev", "clang", "iputils-ping", "pytest"):
+        assert needle in s, needle
+    # pytest's "no tests collected" must not pass silently
+    assert re.search(r"rc -eq 5", s)
+
+
+def test_setup_sh_help_and_bad_option():
+    cp = subprocess.run(["bash", _path("scripts", "setup.sh"), "--help"], capture_output=True, text=True)
+    assert cp.returncode == 0 and "--test" in cp.stdout
+    cp = subprocess.run(["bash", _path("scripts", "setup.sh"), "--bogus"], capture_output=True, text=True)
+    assert cp.returncode == 2 and "unknown option" in cp.stderr
+
+
+@pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck not installed")
+def test_shellcheck():
+    cp = subprocess.run(["shellcheck", "-S", "warning", _path("scripts", "setup.sh"), _path(".ci", "run")],
+                        capture_output=True, text=True)
+    assert cp.returncode == 0, cp.stdout
+
+
+def test_ci_run_calls_setup_test():
+    p = _path(".ci", "run")
+    assert os.path.isfile(p)
+    s = _read(".ci", "run")
+    assert s.startswith("#!") and "set -euo pipefail" in s
+    assert re.search(r"scripts/setup\.sh\s+--test", s)
+    cp = subprocess.run(["bash", "-n", p], capture_output=True, text=True)
+    assert cp.returncode == 0, cp.stderr
+
+
+def test_testbed_cli_help():
+    cp = subprocess.run([sys.executable, _path("scripts", "testbed.py"), "--help"], capture_output=True, text=True)
+    assert cp.returncode == 0 and "blackhole" in cp.stdout
+
+
+def test_vagrantfile_content():
+    s = _read("Vagrantfile")
+    assert 'config.vm.box = "bento/ubuntu-24.04"' in s
+    assert "scripts/setup.sh" in s
+    assert re.search(r"cpus\s*=\s*2", s) and re.search(r"memory\s*=\s*4096", s)
+
+
+@pytest.mark.skipif(shutil.which("ruby") is None, reason="ruby not installed")
+def test_vagrantfile_is_valid_ruby():
+    cp = subprocess.run(["ruby", "-c", _path("Vagrantfile")], capture_output=True, text=True)
+    assert cp.returncode == 0 and "Syntax OK" in cp.stdout, cp.stderr

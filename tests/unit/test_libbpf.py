@@ -1,0 +1,218 @@
+"""mrcctl.libbpf: the ctypes layer itself (pins, map ops, errors, ring buffer)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import uuid
+
+import pytest
+
+from unit_dp import BPF_DIR, XDP_PASS, need_root
+from mrcctl import libbpf, wire
+
+RINGBUF_PROG = r"""
+#include "maps.h"
+/* test helper: XDP program that copies the first 8 bytes of each frame
+ * into mrc_events (shared with the datapath by pin name) */
+SEC("xdp")
+int ev_out(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	__u64 v;
+
+	if (data + 8 > data_end)
+		return XDP_ABORTED;
+	__builtin_memcpy(&v, data, 8);	/* helpers may not read packets */
+	bpf_ringbuf_output(&mrc_events, &v, 8, 0);
+	return XDP_PASS;
+}
+char _license[] SEC("license") = "GPL";
+"""
+
+BAD_PROG = r"""
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+SEC("xdp")
+int bad(struct xdp_md *ctx)
+{
+	/* no bounds check: the verifier must refuse this */
+	return *(unsigned char *)(long)ctx->data;
+}
+char _license[] SEC("license") = "GPL";
+"""
+
+
+def _compile(tmp_path, name: str, src: str) -> str:
+    c = tmp_path / f"{name}.bpf.c"
+    c.write_text(src)
+    o = tmp_path / f"{name}.bpf.o"
+    multiarch = subprocess.run(["gcc", "-dumpmachine"], capture_output=True,
+                               text=True).stdout.strip()
+    r = subprocess.run(["clang", "-O2", "-g", "-target", "bpf", "-mcpu=v3",
+                        f"-I/usr/include/{multiarch}", f"-I{BPF_DIR}", "-c", str(c), "-o", str(o)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    return str(o)
+
+
+def test_num_possible_cpus():
+    assert libbpf.num_possible_cpus() >= os.cpu_count() >= 1
+
+
+def test_map_from_pin_and_ops(dp):
+    libbpf.obj_pin(dp.maps["mrc_peer_ip"].fd, str(dp.pin_root / "mrc_peer_ip"))
+    m = libbpf.Map.from_pin(str(dp.pin_root / "mrc_peer_ip"))
+    try:
+        assert m.name == "mrc_peer_ip" and m.key_size == 4 and m.value_size == 4
+        assert m.id == dp.maps["mrc_peer_ip"].id
+        assert m.lookup(wire.ipv4_key("10.99.0.2")) == wire.u32(2)
+        assert m.lookup(wire.ipv4_key("10.99.0.3")) is None
+        m.update(wire.ipv4_key("10.99.0.3"), wire.u32(5))
+        assert sorted(m.keys()) == sorted([wire.ipv4_key("10.99.0.2"), wire.ipv4_key("10.99.0.3")])
+        with pytest.raises(libbpf.LibbpfError) as ei:
+            m.update(wire.ipv4_key("10.99.0.3"), wire.u32(6), libbpf.BPF_NOEXIST)
+        assert ei.value.errno == 17 and "bpf_map_update_elem(mrc_peer_ip)" in str(ei.value)
+        assert m.delete(wire.ipv4_key("10.99.0.3")) is True
+        assert m.delete(wire.ipv4_key("10.99.0.3")) is False
+        with pytest.raises(ValueError):
+            m.lookup(b"\0" * 3)
+    finally:
+        m.close()
+    assert m.fd == -1
+
+
+def test_percpu_map(dp):
+    m = dp.maps["mrc_drops"]
+    n = libbpf.num_possible_cpus()
+    assert m.percpu
+    key = wire.u32(int(wire.Reason.RX_BAD_TYPE))
+    m.update(key, wire.u64(3))                        # one value: every CPU
+    assert m.lookup_percpu(key) == [wire.u64(3)] * n
+    assert len(m.lookup(key)) == 8 * n
+    m.update(key, b"".join(wire.u64(i) for i in range(n)))
+    assert wire.sum_percpu_u64(m.lookup_percpu(key)) == sum(range(n))
+    # values of a per-CPU struct: rounded up to 8 bytes per CPU (64 already)
+    st = dp.maps["mrc_path_stats"]
+    assert len(st.lookup(wire.u32(0))) == 64 * n
+
+
+def test_array_keys(dp):
+    assert len(dp.maps["mrc_peers"].keys()) == wire.MRC_MAX_PEERS
+
+
+def test_program_pin_and_info(dp):
+    path = str(dp.pin_root / "prog_rx")
+    dp.rx.pin(path)
+    p = libbpf.Program.from_pin(path)
+    try:
+        assert p.id == dp.rx.id and p.name == "mrc_rx"
+        info = libbpf.prog_info(p.fd)
+        assert info["type"] == 6  # BPF_PROG_TYPE_XDP
+        assert info["name"] == "mrc_rx" and len(info["tag"]) == 16
+        ret, out, dur = p.test_run(b"\xff" * 6 + b"\x02" * 6 + b"\x08\x06" + bytes(28))
+        assert ret == XDP_PASS and len(out) == 42
+    finally:
+        p.close()
+        os.unlink(path)
+    assert libbpf.map_info(dp.maps["mrc_cfg"].fd)["name"] == "mrc_cfg"
+
+
+def test_obj_get_missing_raises():
+    need_root()     # unprivileged bpf() says EPERM first
+    with pytest.raises(libbpf.LibbpfError) as ei:
+        libbpf.obj_get("/run/mrc-test/definitely-not-there")
+    assert ei.value.errno == 2 and "bpf_obj_get" in str(ei.value)
+
+
+def test_load_failure_quotes_verifier(bpf_objects, tmp_path):
+    o = _compile(tmp_path, "bad", BAD_PROG)
+    obj = libbpf.BpfObject.open(o)
+    try:
+        with pytest.raises(libbpf.LibbpfError) as ei:
+            obj.load()
+        msg = str(ei.value)
+        assert "bpf_object__load" in msg
+        assert "invalid access to packet" in msg or "R" in msg and "invalid" in msg, msg
+    finally:
+        obj.close()
+
+
+def test_open_missing_file():
+    with pytest.raises(libbpf.LibbpfError) as ei:
+        libbpf.BpfObject.open("/nonexistent/x.bpf.o")
+    assert ei.value.errno == 2
+
+
+def test_test_run_grows_output_buffer(dp):
+    frame = b"\xff" * 6 + b"\x02" * 6 + b"\x08\x06" + bytes(28)
+    ret, out, _ = dp.rx.test_run(frame, out_size=8)
+    assert ret == XDP_PASS and out == frame
+
+
+def test_ring_buffer(dp, tmp_path):
+    o = _compile(tmp_path, "ev", RINGBUF_PROG)
+    obj = libbpf.BpfObject.open(o)
+    try:
+        obj.reuse_map("mrc_events", dp.maps["mrc_events"].fd)
+        obj.load()
+        assert obj.map("mrc_events").id == dp.maps["mrc_events"].id  # shared by reuse_fd
+        prog = obj.program("ev_out")
+        got = []
+        with libbpf.RingBuffer(dp.maps["mrc_events"], got.append) as rb:
+            assert rb.poll(0) == 0
+            for i in range(3):
+                prog.test_run(bytes([i]) * 8 + bytes(60))
+            assert rb.poll(100) == 3
+            assert got == [bytes([i]) * 8 for i in range(3)]
+
+            def boom(_data):
+                raise RuntimeError("callback failed")
+            rb._callback = boom
+            prog.test_run(b"\x09" * 68)
+            with pytest.raises(RuntimeError):
+                rb.consume()
+    finally:
+        obj.close()
+
+
+def test_recent_log_is_captured(bpf_objects, tmp_path):
+    o = _compile(tmp_path, "bad2", BAD_PROG)
+    obj = libbpf.BpfObject.open(o)
+    try:
+        with pytest.raises(libbpf.LibbpfError):
+            obj.load()
+    finally:
+        obj.close()
+    assert any("bad" in line for line in libbpf.recent_log(200))
+
+
+def test_map_and_program_from_id(dp):
+    with libbpf.Map.from_id(dp.maps["mrc_live"].id) as m:
+        assert m.name == "mrc_live" and m.fd != dp.maps["mrc_live"].fd
+    with libbpf.Program.from_id(dp.rx.id) as p:
+        assert p.name == "mrc_rx"
+    with pytest.raises(libbpf.LibbpfError):
+        libbpf.Map.from_id(0x7FFFFFF0)
+
+
+def test_attach_detach(dp, veth):
+    """XDP (native) and tc egress attach on a throwaway veth."""
+    try:
+        libbpf.xdp_attach(veth, dp.rx.fd)
+        assert libbpf.xdp_query_id(veth) == dp.rx.id
+        libbpf.xdp_detach(veth)
+        assert libbpf.xdp_query_id(veth) == 0
+
+        pid = libbpf.tc_attach(veth, dp.tx.fd, libbpf.TC_EGRESS)
+        assert pid == dp.tx.id
+        assert libbpf.tc_query(veth, libbpf.TC_EGRESS) == dp.tx.id
+        assert libbpf.tc_query(veth, libbpf.TC_INGRESS) == 0
+        libbpf.tc_attach(veth, dp.tx.fd, libbpf.TC_EGRESS)      # replace is fine
+        assert libbpf.tc_detach(veth, libbpf.TC_EGRESS) is True
+        assert libbpf.tc_query(veth, libbpf.TC_EGRESS) == 0
+        assert libbpf.tc_detach(veth, libbpf.TC_EGRESS) is False
+    finally:
+        libbpf.tc_hook_destroy(veth)
+    libbpf.tc_hook_destroy(veth)    # idempotent
