@@ -56,8 +56,11 @@ def cli():
 
 @cli.command()
 @CONFIG_OPT
-def up(config_path):
-    """Validate the config, create the overlay, load and attach the datapath.
+@click.option("--no-agent", is_flag=True, help="Do not start the background agent (probes, link events, "
+              "EV events); the datapath forwards and judges liveness without it.")
+def up(config_path, no_agent):
+    """Validate the config, create the overlay, load and attach the datapath,
+    start the agent.
 
     Idempotent: running it again with the same file changes nothing; with a
     changed file it applies the difference.
@@ -65,7 +68,27 @@ def up(config_path):
     cfg = load_config(config_path)
     need_privileges()
     from . import loader
-    click.echo(loader.up(cfg))
+    click.echo(loader.up(cfg, agent=not no_agent))
+
+
+@cli.command()
+@CONFIG_OPT
+@click.option("--duration", type=float, default=None, metavar="SECONDS",
+              help="Exit after this long (default: run until SIGTERM).")
+@click.option("-v", "--verbose", is_flag=True, help="Log every task error with its traceback.")
+def agent(config_path, duration, verbose):
+    """Run the instance's agent in the foreground (for systemd: Type=simple).
+
+    `up` starts one in the background unless --no-agent; this command is for
+    supervisors that want to own the process.
+    """
+    import logging
+    cfg = load_config(config_path)
+    need_privileges()
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    from . import agent as agentmod
+    agentmod.build(cfg).run(duration)
 
 
 @cli.command()

@@ -18,6 +18,7 @@ from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import agent as agentmod
 from . import config as cfgmod
 from . import topology, wire
 from .errors import InputError, MrcError, StepError
@@ -307,23 +308,36 @@ def _running_maps(prior: dict) -> dict[str, Map]:
     return found
 
 
-def up(cfg: cfgmod.Config, log=print) -> str:
+def up(cfg: cfgmod.Config, agent: bool = True) -> str:
     inst = Instance(cfg.overlay_device)
     with topology.Netlink() as nl:
         prior = inst.read()
         planes, mtu = preflight(cfg, nl)
         digest = objects_digest()
         if prior and prior.get("config_digest") == cfg.digest and prior.get("objects_digest") == digest \
-                and _attached(inst, cfg, nl, prior):
+                and _attached(inst, cfg, nl, prior) and (not agent or agentmod.alive(prior.get("agent_pid"))):
             return f"{cfg.overlay_device}: already up, nothing changed"
         fresh = not prior
         try:
-            return _apply(cfg, inst, nl, planes, mtu, digest, prior, log)
+            msg = _apply(cfg, inst, nl, planes, mtu, digest, prior)
+            if agent:
+                _ensure_agent(cfg, inst, restart=bool(prior) and prior.get("config_digest") != cfg.digest)
+            return msg
         except BaseException:
             if fresh:
                 with suppress(Exception):
-                    down(cfg, quiet=True)
+                    down(cfg)
             raise
+
+
+def _ensure_agent(cfg: cfgmod.Config, inst: Instance, restart: bool) -> None:
+    state = inst.read()
+    if agentmod.alive(state.get("agent_pid")):
+        if not restart:
+            return
+        stop_agent(state)
+    state["agent_pid"] = agentmod.spawn(cfg)
+    inst.write(state)
 
 
 def _programs_alive(state: dict) -> bool:
@@ -357,7 +371,7 @@ def _step(name: str, fn, *args, **kw):
         raise StepError(name, str(e) or type(e).__name__) from None
 
 
-def _apply(cfg, inst, nl, planes, mtu, digest, prior, log) -> str:
+def _apply(cfg, inst, nl, planes, mtu, digest, prior) -> str:
     state = dict(prior)
     state.update(overlay=cfg.overlay_device, config=cfg.source, config_digest=cfg.digest,
                  netns=inst.netns, planes=sorted(set(state.get("planes", [])) | {p.device for p in cfg.planes}))
@@ -444,7 +458,7 @@ def _prog_name(prog_id: int) -> str | None:
 
 def stop_agent(state: dict) -> None:
     pid = state.get("agent_pid")
-    if not pid:
+    if not agentmod.alive(pid):
         return
     with suppress(ProcessLookupError, PermissionError):
         os.kill(pid, signal.SIGTERM)
@@ -454,7 +468,7 @@ def stop_agent(state: dict) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
-def down(cfg: cfgmod.Config | None = None, overlay: str | None = None, quiet: bool = False) -> str:
+def down(cfg: cfgmod.Config | None = None, overlay: str | None = None) -> str:
     """Remove everything `up` created; works on half-configured or crashed instances."""
     overlay = overlay or cfg.overlay_device
     inst = Instance(overlay)

@@ -1,0 +1,150 @@
+"""The long-running control-plane agent of one instance.
+
+`mrcctl up` starts it in the background (`mrcctl agent -c FILE` runs it in
+the foreground, for systemd); `mrcctl down` stops it. The datapath never
+depends on it: forwarding and liveness judgement stay in the kernel, so a
+crashed agent costs probes and events, not packets.
+
+The agent is a single-threaded loop of periodic tasks. Subsystems register
+with `Agent.add_task(name, period_s, fn)`; fn(now_monotonic) is called at
+most once per period and its exceptions are logged, never fatal. Readers
+that want to sleep on a file descriptor (ring buffer, netlink) register with
+`Agent.add_reader(fd, fn)`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from . import config as cfgmod
+from .state import Instance
+
+log = logging.getLogger("mrc.agent")
+
+
+@dataclass
+class Task:
+    name: str
+    period: float
+    fn: Callable[[float], None]
+    due: float = 0.0
+    runs: int = 0
+    errors: int = 0
+    busy_s: float = field(default=0.0)
+
+
+class Agent:
+    def __init__(self, cfg: cfgmod.Config):
+        self.cfg = cfg
+        from .loader import Datapath   # loader imports this module
+        self.inst = Instance(cfg.overlay_device)
+        self.dp = Datapath(self.inst)
+        self.tasks: list[Task] = []
+        self.sel = selectors.DefaultSelector()
+        self.stopping = False
+        self.started = time.monotonic()
+
+    # ------------------------------------------------------------ registration
+    def add_task(self, name: str, period_s: float, fn: Callable[[float], None]) -> Task:
+        t = Task(name, period_s, fn)
+        self.tasks.append(t)
+        return t
+
+    def add_reader(self, fd: int, fn: Callable[[], None]) -> None:
+        self.sel.register(fd, selectors.EVENT_READ, fn)
+
+    # ------------------------------------------------------------ the loop
+    def stop(self, *_):
+        self.stopping = True
+
+    def run(self, duration: float | None = None) -> None:
+        signal.signal(signal.SIGTERM, self.stop)
+        signal.signal(signal.SIGINT, self.stop)
+        end = None if duration is None else time.monotonic() + duration
+        while not self.stopping and (end is None or time.monotonic() < end):
+            now = time.monotonic()
+            for t in self.tasks:
+                if now >= t.due:
+                    t0 = time.monotonic()
+                    try:
+                        t.fn(now)
+                    except Exception:  # a task's bug must not stop probing
+                        t.errors += 1
+                        log.exception("task %s failed", t.name)
+                    t.runs += 1
+                    t.busy_s += time.monotonic() - t0
+                    t.due = now + t.period
+            due = min((t.due for t in self.tasks), default=now + 0.5)
+            timeout = max(0.0, min(due - time.monotonic(), 0.5))
+            for key, _ in self.sel.select(timeout):
+                try:
+                    key.data()
+                except Exception:
+                    log.exception("reader failed")
+        self.close()
+
+    def close(self) -> None:
+        self.sel.close()
+        self.dp.close()
+
+
+# Modules that register agent subsystems with @subsystem when imported.
+SUBSYSTEM_MODULES: list[str] = []
+
+# Subsystem set-up functions: each takes the Agent and registers tasks/readers.
+_SUBSYSTEMS: list[Callable[[Agent], None]] = []
+
+
+def build(cfg: cfgmod.Config) -> Agent:
+    """An agent with every subsystem registered."""
+    import importlib
+    for name in SUBSYSTEM_MODULES:
+        importlib.import_module(f"{__package__}.{name}")
+    agent = Agent(cfg)
+    for setup in _SUBSYSTEMS:
+        setup(agent)
+    return agent
+
+
+def subsystem(fn: Callable[[Agent], None]) -> Callable[[Agent], None]:
+    _SUBSYSTEMS.append(fn)
+    return fn
+
+
+def spawn(cfg: cfgmod.Config) -> int:
+    """Start `mrcctl agent` for this config in the background; returns its pid.
+
+    It inherits this process's network namespace, which is the instance's.
+    """
+    logdir = Instance(cfg.overlay_device).run_dir
+    logdir.mkdir(parents=True, exist_ok=True)
+    logf = open(logdir / "agent.log", "ab")
+    proc = subprocess.Popen([sys.executable, "-m", "mrcctl", "agent", "-c", cfg.source],
+                            stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
+                            start_new_session=True, close_fds=True, cwd="/")
+    logf.close()
+    return proc.pid
+
+
+def alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"agent" in f.read()
+    except OSError:
+        return False
