@@ -105,4 +105,55 @@ struct {
 	__uint(max_entries, 256 * 1024);
 } mrc_events SEC(".maps");
 
+/* Receiver reorder window per peer (shared: PSNs of one peer arrive on
+ * every CPU), see bpf/reorder.h. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MRC_MAX_PEERS);
+	__type(key, __u32);
+	__type(value, struct mrc_rx_win);
+} mrc_rx_win SEC(".maps");
+
+/* Per-CPU reorder/loss counters and histogram per peer. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, MRC_MAX_PEERS);
+	__type(key, __u32);
+	__type(value, struct mrc_reorder);
+} mrc_reorder SEC(".maps");
+
+/* Path delay from fresh feedback echoes (bpf/reorder.h). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MRC_N_PATH_ENTRIES);
+	__type(key, __u32);
+	__type(value, struct mrc_path_delay);
+} mrc_path_delay SEC(".maps");
+
+/* Flowlet spraying: inner flow -> its current slot (bpf/spray.h). LRU, so
+ * idle flows age out without the control plane. */
+#define MRC_FLOWLETS		65536
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, MRC_FLOWLETS);
+	__type(key, struct mrc_flowlet_key);
+	__type(value, struct mrc_flowlet);
+} mrc_flowlets SEC(".maps");
+
+/* Hedged-unit duplicate filter per peer (bpf/health.h). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MRC_MAX_PEERS);
+	__type(key, __u32);
+	__type(value, struct mrc_dedup);
+} mrc_dedup SEC(".maps");
+
+/* Per-CPU path health counters, [0] only. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct mrc_hstats);
+} mrc_hstats SEC(".maps");
+
 #endif /* MRC_MAPS_H */

@@ -20,6 +20,10 @@
 #define MRC_MAX_PATHS		256	/* per peer: planes x EVs */
 #define MRC_MAX_PLANES		16
 #define MRC_SLOTS		1024	/* spray slot table entries per peer */
+/* receiver reorder accounting, see struct mrc_rx_win */
+#define MRC_WIN_WORDS		64	/* window: 4096 PSNs */
+#define MRC_HIST_BUCKETS	16	/* per peer reorder histogram */
+#define MRC_PATH_HIST		8	/* per path reorder histogram */
 #define MRC_PATH_IDX(peer, path) ((peer) * MRC_MAX_PATHS + (path))
 
 /* Packet types (low nibble of ver_type). */
@@ -91,9 +95,13 @@ struct mrc_config {
 	__u32	overlay_ifindex;
 	__u32	dead_after_us;	/* evidence older than this: path not used */
 	__u32	flags;		/* MRC_CFG_* */
+	/* path health (bpf/health.h) */
+	__u32	hedge_after_us;	/* evidence this late: path suspect, hedge */
+	__u32	recover_probes;	/* consecutive probe replies to recover */
 };
 #define MRC_CFG_LIVENESS	0x01	/* judge path liveness in the datapath */
 #define MRC_CFG_HEDGE		0x02	/* hedged (duplicate) sending on suspect paths */
+#define MRC_CFG_HEDGE_ALL	0x04	/* hedge every unit (duplicate-send mode) */
 
 /* mrc_peers: ARRAY[MRC_MAX_PEERS]. n_paths == 0 marks a free entry. */
 struct mrc_peer {
@@ -103,6 +111,8 @@ struct mrc_peer {
 	__u32	min_active;	/* ev_min_active */
 	__be32	overlay;	/* the peer's overlay IPv4 address */
 	__u32	ev_base;
+	__u32	flowlet_gap_us;	/* flowlet mode: idle gap after which a flow
+				 * may move to another path (bpf/spray.h) */
 };
 
 enum mrc_spray {
@@ -146,6 +156,25 @@ struct mrc_path_live {
 	__u32	state;		/* enum mrc_path_state */
 	__u32	srtt_us;	/* smoothed RTT from echoes and probes */
 	__u32	rtt_us;		/* last RTT sample */
+	/* path health (bpf/health.h) */
+	__u64	unacked_ns;	/* sender: send time of the oldest unit not yet
+				 * covered by evidence; 0 or <= last_ack_ns:
+				 * nothing outstanding */
+	__u64	bad_ns;		/* when it last left GOOD */
+	__u64	good_ns;	/* when it last returned to GOOD */
+	__u32	probe_seq;	/* sequence number of the newest probe reply */
+	__u32	probe_ok;	/* consecutive probe replies while ASSUMED_BAD */
+	__u32	flaps;		/* quick GOOD -> BAD relapses (damping level) */
+	__u32	fb_echoed;	/* receiver: last_rx_ts value already echoed */
+	__u64	ev_rx_ns;	/* sender: when new evidence last arrived */
+	__u32	ev_gap_us;	/* sender: smoothed time between new evidence */
+	__u32	ev_rtt_us;	/* sender: smoothed send-to-evidence delay, from
+				 * new evidence only (srtt_us also takes repeated
+				 * echoes of an old receipt, which a dead path
+				 * keeps getting) */
+	__u64	ev_ack_ns;	/* sender: last_ack_ns when last looked at */
+	__u64	strike_ns;	/* sender: first overdue verdict, waiting for a
+				 * second one (0: none) */
 };
 
 /* mrc_peer_seq: ARRAY[MRC_MAX_PEERS], shared by all CPUs, atomically updated. */
@@ -155,6 +184,8 @@ struct mrc_peer_seq {
 	__u64	fb_cursor;	/* which path to echo next */
 	__u64	rx_psn_max;	/* receiver: highest wire PSN seen (a 32-bit
 				 * wire PSN, compared wrap-safe) */
+	__u64	ack_max_ns;	/* sender: newest last_ack_ns of any path to
+				 * this peer (bpf/health.h) */
 };
 
 /* mrc_path_stats: PERCPU_ARRAY[MRC_MAX_PEERS * MRC_MAX_PATHS]. */
@@ -167,6 +198,64 @@ struct mrc_path_stats {
 	__u64	rx_dup;
 	__u64	probes_tx;
 	__u64	probes_rx;	/* replies received */
+	/* receiver reorder accounting (bpf/reorder.h) */
+	__u64	rx_late;	/* older than the reorder window: counted lost
+				 * when the window passed, then arrived */
+	__u64	rx_ooo_hist[MRC_PATH_HIST];	/* out-of-order arrivals by
+				 * distance below the highest PSN: bucket b
+				 * holds 2^b..2^(b+1)-1, the last one more */
+};
+
+/*
+ * Receiver reorder/loss accounting (bpf/reorder.h).
+ *
+ * mrc_rx_win: ARRAY[MRC_MAX_PEERS], shared by all CPUs: which of the last
+ * MRC_WIN_WORDS * 64 wire PSNs below the highest seen have arrived. Bit
+ * (psn % 64) of word (psn / 64) % MRC_WIN_WORDS. A PSN whose word leaves the
+ * window without its bit set is counted lost.
+ */
+
+struct mrc_rx_win {
+	__u64	max;		/* highest wire PSN seen (32-bit, wrap-safe) */
+	__u64	started;	/* nonzero once the first packet set the window */
+	__u64	bits[MRC_WIN_WORDS];
+};
+
+/* mrc_reorder: PERCPU_ARRAY[MRC_MAX_PEERS], per peer. */
+struct mrc_reorder {
+	__u64	rx_packets;	/* data packets accounted */
+	__u64	ooo;		/* arrived below the highest PSN seen */
+	__u64	dup;		/* PSN already received (within the window) */
+	__u64	lost;		/* PSNs that left the window unreceived */
+	__u64	late;		/* arrived after leaving the window */
+	__u64	resync;		/* sender restarts (PSN jumped by > 2^24) */
+	__u64	hist[MRC_HIST_BUCKETS];	/* ooo by log2 distance */
+};
+
+/*
+ * mrc_path_delay: ARRAY[MRC_MAX_PEERS * MRC_MAX_PATHS], sender side: RTT of
+ * our path from the peer's feedback echoes, counting only echoes of a newer
+ * packet than the last (a re-echo of an old timestamp is no sample). What
+ * the adaptive weights (mrcctl/weights.py) steer by.
+ */
+struct mrc_path_delay {
+	__u64	samples;	/* fresh echoes */
+	__u32	last_fb_ts;	/* newest echoed tx_ts seen */
+	__u32	rtt_us;		/* last fresh sample */
+	__u32	ewma_us;	/* EWMA of fresh samples, gain 1/4 */
+	__u32	rsvd;
+};
+
+/* mrc_flowlets: LRU_HASH, flowlet spraying state of one inner flow. */
+struct mrc_flowlet_key {
+	__u32	peer;
+	__u32	hash;		/* inner 5-tuple hash */
+};
+
+struct mrc_flowlet {
+	__u64	last_ns;	/* last unit of this flow sent */
+	__u32	slot;		/* slot table index the flowlet uses */
+	__u32	moves;		/* flowlets started after an idle gap */
 };
 
 /* mrc_drops: PERCPU_ARRAY[MRC_R_MAX] of __u64 packets. */
@@ -183,6 +272,57 @@ struct mrc_rx_key {
 struct mrc_rx_peer {
 	__u32	peer;
 	__u32	plane;
+};
+
+/*
+ * Path health (bpf/health.h, mrcctl/health.py).
+ *
+ * mrc_events: RINGBUF of struct mrc_event, one per path state change made
+ * by the datapath (the agent logs its own changes directly).
+ */
+enum mrc_ev_reason {
+	MRC_EV_DEAD		= 1,	/* tx: no evidence for dead_after */
+	MRC_EV_RECOVERED	= 2,	/* rx: recover_probes probe replies in a row */
+	MRC_EV_LINK_DOWN	= 3,	/* agent: plane lost carrier / went down */
+	MRC_EV_LINK_UP		= 4,	/* agent: plane back, probing resumes */
+	MRC_EV_DENIED		= 5,	/* operator */
+	MRC_EV_ALLOWED		= 6,	/* operator */
+	MRC_EV_MIN_ACTIVE	= 7,	/* tx: would be dead, kept for ev_min_active */
+};
+
+struct mrc_event {
+	__u64	ts_ns;		/* CLOCK_MONOTONIC */
+	__u32	peer;
+	__u16	path;
+	__u8	old_state;	/* enum mrc_path_state */
+	__u8	new_state;
+	__u32	reason;		/* enum mrc_ev_reason */
+	__u32	age_us;		/* DEAD: evidence age; RECOVERED: last RTT */
+};
+
+/*
+ * mrc_dedup: ARRAY[MRC_MAX_PEERS], receiver duplicate filter for hedged
+ * units (MRC_F_HEDGE on both copies). Word (psn >> 5) % MRC_DEDUP_WORDS
+ * holds, in one __u64 updated by compare-and-swap, the tag psn >> 5 in the
+ * high 32 bits and a bit per PSN of that block of 32 in the low 32 bits: a
+ * test-and-set that is exact across CPUs for the last
+ * MRC_DEDUP_WORDS * 32 PSNs.
+ */
+#define MRC_DEDUP_WORDS		512	/* window: 16384 wire PSNs */
+struct mrc_dedup {
+	__u64	w[MRC_DEDUP_WORDS];
+};
+
+/* mrc_hstats: PERCPU_ARRAY[1]. */
+struct mrc_hstats {
+	__u64	hedged;		/* units sent twice */
+	__u64	hedge_no_path;	/* suspect unit with no GOOD partner path */
+	__u64	dedup_drops;	/* hedged wire packets dropped as duplicates */
+	__u64	dead;		/* GOOD -> ASSUMED_BAD by the tx judgement */
+	__u64	recovered;	/* ASSUMED_BAD -> GOOD by probes */
+	__u64	min_active_held;	/* dead paths kept for ev_min_active */
+	__u64	fallback;	/* units sent on a non-GOOD path (no GOOD one) */
+	__u64	events_lost;	/* ring buffer full */
 };
 
 #endif /* MRC_H */

@@ -34,6 +34,8 @@
 #include "parsing.h"
 #include "csum.h"
 #include "stats.h"
+#include "reorder.h"
+#include "health.h"
 
 #define IP_MF_BIT		0x2000
 #define IP_OFFSET_MASK		0x1fff
@@ -43,10 +45,6 @@
 /* RTT samples above this are stale echoes or garbage (tx_ts wraps every
  * ~71 minutes): ignore them. */
 #define RX_RTT_MAX_US		(4U * 1000 * 1000)
-
-/* A wire PSN this far below the highest seen is not reordering but a
- * restarted sender: resynchronise instead of counting it out of order. */
-#define RX_PSN_RESYNC		(1 << 24)
 
 struct ip6_frag {
 	__u8	nexthdr;
@@ -279,6 +277,10 @@ int mrc_rx(struct xdp_md *ctx)
 	/* 3. Probe reply: an RTT sample for our path. */
 	if (type == MRC_T_PROBE_REPLY) {
 		path_acked(live, now, now_us - bpf_ntohl(mh->tx_ts));
+		/* recovery of an ASSUMED_BAD path: bpf/health.h */
+		health_probe_reply(cfg, peer_idx, path_id, live,
+				   bpf_ntohl(mh->psn),
+				   now_us - bpf_ntohl(mh->tx_ts), now);
 		st->probes_rx += 1;
 		count_drop(MRC_R_RX_PROBE_REPLY);
 		return XDP_DROP;
@@ -312,20 +314,9 @@ int mrc_rx(struct xdp_md *ctx)
 	live->last_rx_ns = now;
 	live->last_rx_ts = bpf_ntohl(mh->tx_ts);
 
-	/* Reordering hint: below the highest PSN seen means out of order.
-	 * rx_psn_max holds a 32-bit wire PSN. The read-compare-write races
-	 * across CPUs (two CPUs may both raise it and the smaller may win);
-	 * that only blurs a statistic, and an atomic max would cost a
-	 * cmpxchg loop per packet. */
+	/* Reordering hints, duplicates and loss: bpf/reorder.h. */
 	seq = bpf_map_lookup_elem(&mrc_peer_seq, &peer_idx);
-	if (seq) {
-		__s32 d = (__s32)(psn - (__u32)seq->rx_psn_max);
-
-		if (d < 0 && d > -RX_PSN_RESYNC)
-			st->rx_ooo += 1;
-		else
-			seq->rx_psn_max = psn;
-	}
+	reorder_account(peer_idx, psn, st, seq);
 
 	/* Feedback: the peer tells us one of OUR paths delivered a packet
 	 * we sent at fb_ts. */
@@ -335,11 +326,20 @@ int mrc_rx(struct xdp_md *ctx)
 
 		if (fb < peer->n_paths) {
 			fb_live = path_live(peer_idx, fb);
-			if (fb_live)
+			if (fb_live) {
 				path_acked(fb_live, now,
 					   now_us - bpf_ntohl(mh->fb_ts));
+				delay_sample(peer_idx, fb, now_us,
+					     bpf_ntohl(mh->fb_ts));
+				health_peer_evidence(peer_idx, fb_live, now, true);
+			}
 		}
 	}
+
+	/* The second copy of a hedged unit's packet goes no further; it
+	 * still counted as evidence above. */
+	if ((mh->flags & MRC_F_HEDGE) && health_dedup(peer_idx, psn))
+		return rx_drop(MRC_R_RX_DUPLICATE);
 
 	/* 5. Decapsulate: keep the outer MACs, drop outer IP/UDP/MRC. */
 	__builtin_memcpy(dmac, eth->h_dest, ETH_ALEN);

@@ -27,6 +27,8 @@
 #include "csum.h"
 #include "encap.h"
 #include "stats.h"
+#include "spray.h"
+#include "health.h"
 
 /* Bytes we want linear before parsing: inner Ethernet, IPv4 with maximal
  * options, and the first 20 bytes of TCP. */
@@ -35,9 +37,6 @@
 /* When the chosen slot's path is unusable, try this many following slots. */
 #define TX_PATH_RETRIES		8
 
-/* Echo a receive timestamp only if it is at most this old. */
-#define TX_FB_FRESH_NS		1000000000ULL
-
 static __always_inline int tx_drop(__u32 reason)
 {
 	count_drop(reason);
@@ -45,29 +44,24 @@ static __always_inline int tx_drop(__u32 reason)
 }
 
 /*
- * Can the next unit go out on this path? Today: configured, not denied by
- * the operator, and GOOD (the agent or datapath sets ASSUMED_BAD).
- *
- * Hook for the failover work: with cfg->flags & MRC_CFG_LIVENESS, judge
- * now_ns - live->last_ack_ns against cfg->dead_after_us here (honouring the
- * peer's min_active), so the datapath stops using a silent path without
- * waiting for the control plane.
+ * Can the next unit go out on this path: configured, not denied by the
+ * operator, and GOOD by the liveness judgement of bpf/health.h, which may
+ * retire the path right here (H_UNUSABLE) or call it suspect (H_SUSPECT:
+ * usable, hedged if hedging is on).
  */
-static __always_inline bool path_usable(const struct mrc_config *cfg,
-					const struct mrc_peer *peer,
-					const struct mrc_path *path,
-					const struct mrc_path_live *live,
-					__u64 now_ns)
+static __always_inline int path_usable(const struct mrc_config *cfg,
+				       const struct mrc_peer *peer,
+				       __u32 peer_idx, __u32 pid,
+				       const struct mrc_path *path,
+				       struct mrc_path_live *live, __u64 now)
 {
 	if (path->ifindex == 0)
-		return false;
+		return H_UNUSABLE;
 	if (path->family != 4 && path->family != 6)
-		return false;
+		return H_UNUSABLE;
 	if (path->admin == MRC_PATH_DENIED)
-		return false;
-	if (live->state != MRC_PATH_GOOD)
-		return false;
-	return true;
+		return H_UNUSABLE;
+	return health_judge(cfg, peer, peer_idx, pid, live, now);
 }
 
 SEC("tc")
@@ -84,14 +78,15 @@ int mrc_tx(struct __sk_buff *skb)
 	struct mrc_peer_seq *seq;
 	struct mrc_slots *slots;
 	struct mrc_path *path = NULL;
-	struct mrc_path_live *live, *fb_live;
+	struct mrc_path_live *live;
 	struct mrc_path_stats *st;
 	struct mrc_unit u = {};
+	struct spray_state sp;
 	__u32 zero = 0, peer_idx, n_paths, n, start, idx, i;
 	__u32 inner_hdrs, overhead, port, len;
-	__u64 now, cursor, flags;
+	__u64 now, flags;
 	__u32 *pidx;
-	int proto, tcp_len;
+	int proto, tcp_len, verdict = H_UNUSABLE, hedge = -1;
 
 	/* Headers of locally generated packets are linear; forwarded ones
 	 * may not be. Pull only when short, pulling is not free. */
@@ -139,11 +134,8 @@ int mrc_tx(struct __sk_buff *skb)
 		n = MRC_SLOTS;
 
 	now = bpf_ktime_get_ns();
-	cursor = __sync_fetch_and_add(&seq->cursor, 1);
-	/* 32-bit modulo: cheaper than 64-bit, and n divides 2^32 only when
-	 * it is a power of two, so the wrap of the low word costs at most one
-	 * out-of-turn slot every 2^32 units. */
-	start = (__u32)cursor % n;
+	/* The starting slot depends on the spray mode: bpf/spray.h. */
+	start = spray_start(&sp, peer, peer_idx, seq, iph, data_end, n, now);
 	for (i = 0; i <= TX_PATH_RETRIES; i++) {
 		__u32 s = (start + i) % n;
 		__u32 pid;
@@ -154,14 +146,29 @@ int mrc_tx(struct __sk_buff *skb)
 		idx = MRC_PATH_IDX(peer_idx, pid);
 		path = bpf_map_lookup_elem(&mrc_paths, &idx);
 		live = bpf_map_lookup_elem(&mrc_live, &idx);
-		if (path && live && path_usable(cfg, peer, path, live, now)) {
+		if (path && live &&
+		    (verdict = path_usable(cfg, peer, peer_idx, pid, path,
+					   live, now)) >= 0) {
 			u.path_id = pid;
+			spray_used(&sp, s);
 			break;
 		}
 		path = NULL;
 	}
-	if (!path)
-		return tx_drop(MRC_R_TX_NO_PATH);
+	if (!path) {
+		/* Nothing usable near the cursor: bpf/health.h. */
+		int fb = health_fallback(peer_idx, n_paths, start,
+					 peer->min_active);
+
+		if (fb < 0)
+			return tx_drop(MRC_R_TX_NO_PATH);
+		u.path_id = fb;
+		idx = MRC_PATH_IDX(peer_idx, fb & (MRC_MAX_PATHS - 1));
+		path = bpf_map_lookup_elem(&mrc_paths, &idx);
+		if (!path)
+			return tx_drop(MRC_R_TX_NO_PATH);
+		verdict = H_OK;
+	}
 
 	/* 3. The unit: how many wire packets (PSNs) it takes, and what the
 	 * receiver needs to number the segments (inner TCP seq of the first
@@ -190,14 +197,17 @@ int mrc_tx(struct __sk_buff *skb)
 	u.tx_ts = (__u32)(now / 1000);
 
 	/* 4. Feedback: echo the newest receive timestamp of one of the
-	 * peer's paths toward us (round robin), if it is fresh. */
-	i = (__u32)__sync_fetch_and_add(&seq->fb_cursor, 1) % n_paths;
-	fb_live = path_live(peer_idx, i);
-	if (fb_live && fb_live->last_rx_ns &&
-	    (__s64)(now - fb_live->last_rx_ns) < (__s64)TX_FB_FRESH_NS) {
-		u.flags |= MRC_F_FEEDBACK;
-		u.fb_path = i;
-		u.fb_ts = fb_live->last_rx_ts;
+	 * peer's paths toward us, oldest unechoed receipt first. */
+	health_pick_echo(seq, peer_idx, n_paths, now, &u);
+
+	/* Hedging: a unit on a suspect path (or every unit, in
+	 * duplicate-send mode) also goes out on a GOOD partner path. */
+	if ((cfg->flags & MRC_CFG_HEDGE_ALL) ||
+	    (verdict == H_SUSPECT && (cfg->flags & MRC_CFG_HEDGE))) {
+		hedge = health_hedge_partner(cfg, peer_idx, n_paths, u.path_id,
+					     path, now);
+		if (hedge >= 0)
+			u.flags |= MRC_F_HEDGE;
 	}
 
 	/* 5. Encapsulate. FIXED_GSO keeps gso_size (the overlay MTU already
@@ -251,6 +261,11 @@ int mrc_tx(struct __sk_buff *skb)
 			  len - ETH_HLEN - sizeof(*oip6));
 		write_mrc(mh, MRC_T_DATA, &u);
 	}
+
+	if (hedge >= 0)
+		path = health_hedge(skb, peer_idx, path, hedge, &u, port,
+				    len + (__u64)(u.segs - 1) *
+					  (ETH_HLEN + overhead + inner_hdrs));
 
 	/* 6. Count what goes on the wire: every segment repeats Ethernet,
 	 * outer headers and inner IP/TCP headers. */

@@ -97,7 +97,7 @@ class Agent:
 
 
 # Modules that register agent subsystems with @subsystem when imported.
-SUBSYSTEM_MODULES: list[str] = []
+SUBSYSTEM_MODULES: list[str] = ["neighbours", "exporter", "health", "weights"]
 
 # Subsystem set-up functions: each takes the Agent and registers tasks/readers.
 _SUBSYSTEMS: list[Callable[[Agent], None]] = []

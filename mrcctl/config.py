@@ -63,15 +63,35 @@ class Peer:
     min_active: int
     underlay: dict[str, ipaddress.IPv4Address | ipaddress.IPv6Address]
     paths: tuple[Path, ...] = field(default=())
+    # flowlet spray: idle gap (µs) after which a flow may change path;
+    # 0 = adaptive (the agent derives it from the paths' RTT spread)
+    flowlet_gap_us: int = 0
+
+
+WEIGHT_MODES = ("fixed", "adaptive")
+
+
+@dataclass(frozen=True)
+class Weights:
+    """[weights]: fixed = the planes' configured weights; adaptive = the
+    agent re-weights paths by what they deliver (mrcctl/weights.py)."""
+    mode: str = "fixed"
+    interval_ms: float = 10.0
+    min_weight: float = 0.02      # floor of a usable path's share, so it keeps being measured
 
 
 @dataclass(frozen=True)
 class Health:
-    dead_after_ms: float = 5.0
+    dead_after_ms: float = 20.0       # measured: 5 ms retires paths falsely under saturated shaped planes (docs/benchmarks/failover.md)
     probe_interval_ms: float = 20.0
     recover_probes: int = 3
-    hedge: bool = False
+    hedge: bool | str = False          # true: hedge suspect paths; "always": every unit
     liveness: bool = True
+    hedge_after_ms: float | None = None  # suspect threshold; None = dead_after_ms / 2
+
+    @property
+    def hedge_after(self) -> float:
+        return self.hedge_after_ms if self.hedge_after_ms is not None else self.dead_after_ms / 2
 
 
 @dataclass(frozen=True)
@@ -85,6 +105,12 @@ class Config:
     planes: tuple[Plane, ...]
     peers: tuple[Peer, ...]
     health: Health
+    # [metrics] listen: "HOST:PORT" for the agent's Prometheus exporter; None = off
+    metrics_listen: str | None = None
+    weights: Weights = field(default_factory=Weights)
+    # overlay.gso_max_size: largest GSO unit TCP may hand the overlay, i.e. the
+    # largest spraying unit (None: the kernel's 64 KiB)
+    gso_max_size: int | None = None
 
     def plane(self, device: str) -> Plane:
         for p in self.planes:
@@ -159,10 +185,10 @@ def load(path: str | pathlib.Path) -> Config:
     path = pathlib.Path(path)
     try:
         raw = path.read_bytes()
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such file") from None
+    except FileNotFoundError:   # the caller names the file
+        raise ConfigError("no such file") from None
     except OSError as e:
-        raise ConfigError(f"{path}: cannot read: {e.strerror}") from None
+        raise ConfigError(f"cannot read: {e.strerror}") from None
     return parse(raw, source=str(path.resolve()))
 
 
@@ -180,12 +206,12 @@ def parse(raw: bytes | str, source: str = "<string>") -> Config:
 
 
 def _build(doc: dict, source: str, digest: str) -> Config:
-    _check_keys("", doc, {"overlay", "plane", "peer", "health"})
+    _check_keys("", doc, {"overlay", "plane", "peer", "health", "metrics", "weights"})
 
     overlay = _typed("overlay", doc.get("overlay", None) or {}, dict)
     if "overlay" not in doc:
         raise ConfigError("overlay: missing table [overlay]")
-    _check_keys("overlay", overlay, {"device", "address", "mtu", "udp_port"})
+    _check_keys("overlay", overlay, {"device", "address", "mtu", "udp_port", "gso_max_size"})
     device = _ifname("overlay.device", overlay.get("device", "mrc0"))
     if len(device) > 14:
         raise ConfigError(f"overlay.device: {device!r} is longer than 14 characters")
@@ -205,6 +231,9 @@ def _build(doc: dict, source: str, digest: str) -> Config:
     if mtu is not None:
         mtu = _int_in("overlay.mtu", mtu, 576, 65535 - wire.MRC_OVERHEAD_V6)
     udp_port = _int_in("overlay.udp_port", overlay.get("udp_port", wire.MRC_DEFAULT_UDP_PORT), 1, 65535)
+    gso_max_size = overlay.get("gso_max_size")
+    if gso_max_size is not None:
+        gso_max_size = _int_in("overlay.gso_max_size", gso_max_size, 1500, 65536)
 
     planes_raw = doc.get("plane")
     if planes_raw is None:
@@ -243,16 +272,61 @@ def _build(doc: dict, source: str, digest: str) -> Config:
     peers: list[Peer] = []
     for i, p in enumerate(peers_raw):
         peers.append(_peer(i, _typed(f"peer[{i}]", p, dict), planes, ov_addr, peers))
+        _peer_conflicts(peers, udp_port)
 
     if sum(p.weight for p in planes) == 0:
         raise ConfigError("plane: every plane has weight 0, nothing could be sent")
     return Config(source=source, digest=digest, overlay_device=device, overlay_address=ov_addr,
-                  mtu=mtu, udp_port=udp_port, planes=tuple(planes), peers=tuple(peers), health=health)
+                  mtu=mtu, udp_port=udp_port, planes=tuple(planes), peers=tuple(peers), health=health,
+                  metrics_listen=_metrics(doc.get("metrics", {})),
+                  weights=_weights(doc.get("weights", {})), gso_max_size=gso_max_size)
+
+
+def _weights(w) -> Weights:
+    w = _typed("weights", w, dict)
+    _check_keys("weights", w, {"mode", "interval_ms", "min_weight"})
+    d = Weights()
+    mode = _typed("weights.mode", w.get("mode", d.mode), str)
+    if mode not in WEIGHT_MODES:
+        raise ConfigError(f"weights.mode: {mode!r} is not one of {', '.join(WEIGHT_MODES)}")
+    iv = _typed("weights.interval_ms", w.get("interval_ms", d.interval_ms), float)
+    if not 1 <= iv <= 10000:
+        raise ConfigError(f"weights.interval_ms: {iv:g} is out of range 1..10000")
+    mw = _typed("weights.min_weight", w.get("min_weight", d.min_weight), float)
+    if not 0 <= mw <= 0.5:
+        raise ConfigError(f"weights.min_weight: {mw:g} is out of range 0..0.5")
+    return Weights(mode=mode, interval_ms=iv, min_weight=mw)
+
+
+def parse_listen(where: str, value) -> tuple[str, int]:
+    """"HOST:PORT", "[v6]:PORT" or ":PORT" (= 127.0.0.1) -> (host, port)."""
+    value = _typed(where, value, str)
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ConfigError(f"{where}: {value!r} is not HOST:PORT (e.g. \"127.0.0.1:9477\")")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    host = host or "127.0.0.1"
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        if not re.fullmatch(r"[A-Za-z0-9.-]{1,253}", host):
+            raise ConfigError(f"{where}: {host!r} is not an address or host name") from None
+    return host, int(port)
+
+
+def _metrics(m) -> str | None:
+    m = _typed("metrics", m, dict)
+    _check_keys("metrics", m, {"listen"})
+    if "listen" not in m:
+        return None
+    parse_listen("metrics.listen", m["listen"])
+    return m["listen"]
 
 
 def _health(h) -> Health:
     h = _typed("health", h, dict)
-    _check_keys("health", h, {"dead_after_ms", "probe_interval_ms", "recover_probes", "hedge", "liveness"})
+    _check_keys("health", h, {"dead_after_ms", "probe_interval_ms", "recover_probes", "hedge", "liveness",
+                              "hedge_after_ms"})
     d = Health()
     dead = _typed("health.dead_after_ms", h.get("dead_after_ms", d.dead_after_ms), float)
     if not 0.5 <= dead <= 60000:
@@ -261,14 +335,44 @@ def _health(h) -> Health:
     if not 1 <= probe <= 60000:
         raise ConfigError(f"health.probe_interval_ms: {probe:g} is out of range 1..60000")
     k = _int_in("health.recover_probes", h.get("recover_probes", d.recover_probes), 1, 100)
-    hedge = _typed("health.hedge", h.get("hedge", d.hedge), bool)
+    hedge = h.get("hedge", d.hedge)
+    if hedge != "always":
+        try:
+            hedge = _typed("health.hedge", hedge, bool)
+        except ConfigError:
+            raise ConfigError(f"health.hedge: must be true, false or \"always\", not {hedge!r}") from None
     live = _typed("health.liveness", h.get("liveness", d.liveness), bool)
-    return Health(dead_after_ms=dead, probe_interval_ms=probe, recover_probes=k, hedge=hedge, liveness=live)
+    hedge_after = None
+    if "hedge_after_ms" in h:
+        hedge_after = _typed("health.hedge_after_ms", h["hedge_after_ms"], float)
+        if not 0.1 <= hedge_after <= dead:
+            raise ConfigError(f"health.hedge_after_ms: {hedge_after:g} is out of range 0.1..{dead:g} "
+                              "(health.dead_after_ms)")
+    return Health(dead_after_ms=dead, probe_interval_ms=probe, recover_probes=k, hedge=hedge, liveness=live,
+                  hedge_after_ms=hedge_after)
+
+
+def _peer_conflicts(peers: list[Peer], udp_port: int) -> None:
+    """Checks of the newest peer against the others and the instance."""
+    new, where = peers[-1], f"peer[{len(peers) - 1}]"
+    # The receiver knows a sender by (plane, source address): a second peer
+    # with the same address on a plane would silently take over the first's.
+    for dev, addr in new.underlay.items():
+        for old in peers[:-1]:
+            if old.underlay.get(dev) == addr:
+                raise ConfigError(f"{where}.underlay.{dev}: {addr} is already peer '{old.name}''s "
+                                  f"address on plane '{dev}'")
+    # Probe replies travel from the MRC port to an EV: an EV equal to the
+    # MRC port would make replies indistinguishable from data.
+    last = new.ev_base + len(new.paths) - 1
+    if new.ev_base <= udp_port <= last:
+        raise ConfigError(f"{where}.ev_base: EVs {new.ev_base}..{last} include the MRC UDP port {udp_port}")
 
 
 def _peer(i: int, p: dict, planes: list[Plane], ov_addr, seen: list[Peer]) -> Peer:
     where = f"peer[{i}]"
-    _check_keys(where, p, {"name", "overlay", "evs_per_plane", "ev_base", "spray", "min_active", "underlay"})
+    _check_keys(where, p, {"name", "overlay", "evs_per_plane", "ev_base", "spray", "min_active", "underlay",
+                           "flowlet_gap_us"})
     if "name" not in p:
         raise ConfigError(f"{where}.name: missing")
     name = _typed(f"{where}.name", p["name"], str)
@@ -289,6 +393,7 @@ def _peer(i: int, p: dict, planes: list[Plane], ov_addr, seen: list[Peer]) -> Pe
     spray = _typed(f"{where}.spray", p.get("spray", "weighted"), str)
     if spray not in SPRAY_MODES:
         raise ConfigError(f"{where}.spray: {spray!r} is not one of {', '.join(SPRAY_MODES)}")
+    gap = _int_in(f"{where}.flowlet_gap_us", p.get("flowlet_gap_us", 0), 0, 10_000_000)
     if "underlay" not in p:
         raise ConfigError(f"{where}.underlay: missing (plane device -> the peer's address on it)")
     und = _typed(f"{where}.underlay", p["underlay"], dict)
@@ -331,4 +436,4 @@ def _peer(i: int, p: dict, planes: list[Plane], ov_addr, seen: list[Peer]) -> Pe
             paths.append(Path(id=pid, plane=plane, ev_index=e, ev=ev_base + pid,
                               remote=underlay[plane.device], weight=plane.weight))
     return Peer(index=i, name=name, overlay=overlay, evs_per_plane=evs, ev_base=ev_base, spray=spray,
-                min_active=min_active, underlay=underlay, paths=tuple(paths))
+                min_active=min_active, underlay=underlay, paths=tuple(paths), flowlet_gap_us=gap)

@@ -28,7 +28,9 @@ from .state import Instance
 TX_PROG = "mrc_tx"
 RX_PROG = "mrc_rx"
 MAP_NAMES = ("mrc_cfg", "mrc_peers", "mrc_slots", "mrc_paths", "mrc_live", "mrc_peer_seq",
-             "mrc_path_stats", "mrc_drops", "mrc_peer_ip", "mrc_rx_peers", "mrc_events")
+             "mrc_path_stats", "mrc_drops", "mrc_peer_ip", "mrc_rx_peers", "mrc_events",
+             "mrc_dedup", "mrc_hstats",
+             "mrc_rx_win", "mrc_reorder", "mrc_flowlets", "mrc_path_delay")   # issue 4: bpf/reorder.h, bpf/spray.h
 
 
 def bpf_dir() -> Path:
@@ -170,10 +172,13 @@ def fill_maps(dp: Datapath, cfg: cfgmod.Config, planes: list[PlaneRuntime], over
               macs: dict) -> None:
     by_dev = {p.plane.device: p for p in planes}
     flags = (wire.MRC_CFG_LIVENESS if cfg.health.liveness else 0) | \
-        (wire.MRC_CFG_HEDGE if cfg.health.hedge else 0)
+        (wire.MRC_CFG_HEDGE if cfg.health.hedge else 0) | \
+        (wire.MRC_CFG_HEDGE_ALL if cfg.health.hedge == "always" else 0)
     dp.map("mrc_cfg").update(wire.u32(0), wire.Config(
         udp_port=cfg.udp_port, overlay_ifindex=overlay_ifindex,
-        dead_after_us=int(cfg.health.dead_after_ms * 1000), flags=flags).pack())
+        dead_after_us=int(cfg.health.dead_after_ms * 1000), flags=flags,
+        hedge_after_us=int(cfg.health.hedge_after * 1000),
+        recover_probes=cfg.health.recover_probes).pack())
 
     paths_m, peers_m = dp.map("mrc_paths"), dp.map("mrc_peers")
     live_m, peer_ip, rx_peers = dp.map("mrc_live"), dp.map("mrc_peer_ip"), dp.map("mrc_rx_peers")
@@ -184,25 +189,35 @@ def fill_maps(dp: Datapath, cfg: cfgmod.Config, planes: list[PlaneRuntime], over
             rt = by_dev[path.plane.device]
             idx = wire.path_idx(peer.index, path.id)
             old = paths_m.lookup(wire.u32(idx))
-            admin = wire.Path.unpack(old).admin if old else wire.PathState.GOOD
+            old = wire.Path.unpack(old) if old else None
+            # An upgrade that changes EVs or planes renumbers paths: an id
+            # that now names another (plane, EV) starts afresh, it must not
+            # inherit the old path's denial or liveness.
+            same = old is not None and (old.ifindex, old.ev) == (rt.ifindex, path.ev)
+            admin = old.admin if same else wire.PathState.GOOD
             paths_m.update(wire.u32(idx), wire.Path(
                 ifindex=rt.ifindex, ev=path.ev, family=path.family, plane=path.plane.index,
                 smac=rt.mac, dmac=macs.get((path.plane.device, str(path.remote))) or bytes(6),
                 saddr=str(rt.local[path.family]), daddr=str(path.remote),
                 weight=path.weight, admin=admin).pack())
-            if not _path_known(dp, idx):
+            if not same or not _path_known(dp, idx):
                 live_m.update(wire.u32(idx), wire.PathLive(last_ack_ns=time.monotonic_ns()).pack())
         for dev, addr in peer.underlay.items():
             rt = by_dev[dev]
             key = wire.RxKey(ifindex=rt.ifindex, family=addr.version, addr=str(addr)).pack()
             rx_peers.update(key, wire.RxPeer(peer=peer.index, plane=rt.plane.index).pack())
             wanted_rx.add(key)
-        set_slots(dp, peer, [p.weight for p in peer.paths])
+        # Paths first, then the idle slot table, then the peer entry that
+        # switches n_paths and the live table in one write: spraying never
+        # sees a slot naming a path that does not exist yet.
+        table = set_slots(dp, peer, [p.weight for p in peer.paths], flip=False)
         old = peers_m.lookup(wire.u32(peer.index))
-        table = wire.Peer.unpack(old).table if old else 0
+        # flowlet_gap_us 0 = adaptive: the (re)started agent sets it
+        gap = peer.flowlet_gap_us
         peers_m.update(wire.u32(peer.index), wire.Peer(
             n_paths=len(peer.paths), table=table, spray_mode=wire.SprayMode[peer.spray.upper()],
-            min_active=peer.min_active, overlay=str(peer.overlay), ev_base=peer.ev_base).pack())
+            min_active=peer.min_active, overlay=str(peer.overlay), ev_base=peer.ev_base,
+            flowlet_gap_us=gap).pack())
         ip_key = peer.overlay.packed
         peer_ip.update(ip_key, wire.u32(peer.index))
         wanted_ip.add(ip_key)
@@ -224,8 +239,10 @@ def _path_known(dp: Datapath, idx: int) -> bool:
     return raw is not None and wire.PathLive.unpack(raw).last_ack_ns != 0
 
 
-def set_slots(dp: Datapath, peer: cfgmod.Peer, weights: list[int]) -> None:
-    """Write the idle slot table, then flip the peer to it (atomic for the datapath)."""
+def set_slots(dp: Datapath, peer: cfgmod.Peer, weights: list[int], flip: bool = True) -> int:
+    """Write the idle slot table, then flip the peer to it (atomic for the
+    datapath); returns the table written. flip=False leaves the flip to the
+    caller (fill_maps flips together with a change of n_paths)."""
     peers_m, slots_m = dp.map("mrc_peers"), dp.map("mrc_slots")
     raw = peers_m.lookup(wire.u32(peer.index))
     cur = wire.Peer.unpack(raw) if raw else wire.Peer()
@@ -237,9 +254,10 @@ def set_slots(dp: Datapath, peer: cfgmod.Peer, weights: list[int]) -> None:
     n = (wire.MRC_SLOTS // total) * total if total <= wire.MRC_SLOTS else wire.MRC_SLOTS
     slots = wire.build_slot_table(weights, n)
     slots_m.update(wire.u32(wire.slots_idx(peer.index, idle)), wire.Slots.of(slots).pack())
-    if cur.n_paths:
+    if cur.n_paths and flip:
         cur.table = idle
         peers_m.update(wire.u32(peer.index), cur.pack())
+    return idle
 
 
 # ------------------------------------------------------------------ up / down
@@ -286,7 +304,7 @@ def load_objects(reuse: dict[str, Map] | None = None) -> Loaded:
             try:
                 obj.load()
             except LibbpfError as e:
-                raise StepError(f"loading {path.name}", str(e)) from None
+                raise StepError(f"loading {path.name}", _load_error(e)) from None
             for name in MAP_NAMES:
                 if name not in shared:
                     shared[name] = Map.from_id(obj.map(name).id)
@@ -294,6 +312,20 @@ def load_objects(reuse: dict[str, Map] | None = None) -> Loaded:
         finally:
             obj.close()
     return Loaded(shared, *progs)
+
+
+def _load_error(e: LibbpfError) -> str:
+    """One line out of libbpf's multi-line failure: the errno, and the
+    verifier's own words when it refused (the lines before "processed N
+    insns"); MRC_LIBBPF_DEBUG=1 prints the whole log."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    cause = os.strerror(e.errno) if e.errno else lines[0]
+    why = []
+    for k, ln in enumerate(lines):
+        if ln.startswith("processed ") and "insns" in ln:
+            why = [x for x in lines[max(0, k - 3):k] if not x[:1].isdigit() and not x.startswith(";")]
+            break
+    return f"{cause}" + (f" (verifier: {'; '.join(why)})" if why else "")
 
 
 def _running_maps(prior: dict) -> dict[str, Map]:
@@ -308,7 +340,54 @@ def _running_maps(prior: dict) -> dict[str, Map]:
     return found
 
 
+_lock_depth: dict[str, tuple[int, int]] = {}
+
+
+class _InstanceLock:
+    """One `up`/`down` at a time per instance (flock; re-entrant, because a
+    failed fresh `up` calls `down` to roll back). Lives outside the instance
+    directory, which `down` removes."""
+
+    def __init__(self, inst: Instance, timeout: float = 60):
+        self.inst, self.timeout = inst, timeout
+
+    def __enter__(self):
+        import fcntl
+        key = self.inst.key
+        fd, depth = _lock_depth.get(key, (-1, 0))
+        if depth == 0:
+            d = self.inst.run_dir.parent.parent / "locks"
+            d.mkdir(parents=True, exist_ok=True)
+            fd = os.open(d / f"{key}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            deadline = time.monotonic() + self.timeout
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() > deadline:
+                        os.close(fd)
+                        raise MrcError(f"{self.inst.overlay}: another mrcctl up/down has held this instance "
+                                       f"for {self.timeout:g} s") from None
+                    time.sleep(0.05)
+        _lock_depth[key] = (fd, depth + 1)
+        return self
+
+    def __exit__(self, *exc):
+        fd, depth = _lock_depth[self.inst.key]
+        if depth == 1:
+            del _lock_depth[self.inst.key]
+            os.close(fd)        # releases the flock
+        else:
+            _lock_depth[self.inst.key] = (fd, depth - 1)
+
+
 def up(cfg: cfgmod.Config, agent: bool = True) -> str:
+    with _InstanceLock(Instance(cfg.overlay_device)):
+        return _up(cfg, agent)
+
+
+def _up(cfg: cfgmod.Config, agent: bool = True) -> str:
     inst = Instance(cfg.overlay_device)
     with topology.Netlink() as nl:
         prior = inst.read()
@@ -318,16 +397,60 @@ def up(cfg: cfgmod.Config, agent: bool = True) -> str:
                 and _attached(inst, cfg, nl, prior) and (not agent or agentmod.alive(prior.get("agent_pid"))):
             return f"{cfg.overlay_device}: already up, nothing changed"
         fresh = not prior
+        # Hold the running programs for the whole operation: if a step fails
+        # after new programs replaced them somewhere, rollback re-attaches
+        # these, which must still exist.
+        held = []
+        for pid in prior.get("prog_ids", {}).values():
+            with suppress(OSError):
+                held.append(Program.from_id(pid))
         try:
             msg = _apply(cfg, inst, nl, planes, mtu, digest, prior)
             if agent:
                 _ensure_agent(cfg, inst, restart=bool(prior) and prior.get("config_digest") != cfg.digest)
+            _keep_config(inst, cfg)
             return msg
-        except BaseException:
+        except BaseException as e:
             if fresh:
                 with suppress(Exception):
                     down(cfg)
+                raise
+            undone = _rollback(inst, nl, prior)
+            if isinstance(e, MrcError):
+                raise MrcError(f"{e}; {undone}", e.exit_code) from None
             raise
+        finally:
+            for h in held:
+                h.close()
+
+
+def _keep_config(inst: Instance, cfg: cfgmod.Config) -> None:
+    """Keep the text of the configuration now running, so a failed upgrade
+    can go back to it even when the operator edited the file in place."""
+    with suppress(OSError):
+        raw = Path(cfg.source).read_bytes()
+        if hashlib.sha256(raw).hexdigest() == cfg.digest:
+            tmp = inst.run_dir / "config.toml.tmp"
+            tmp.write_bytes(raw)
+            os.replace(tmp, inst.run_dir / "config.toml")
+
+
+def _rollback(inst: Instance, nl: topology.Netlink, prior: dict) -> str:
+    """Put a running instance back the way `prior` describes after a failed
+    re-up: its configuration (from the kept copy), its programs (by id), its
+    planes, routes and sysctls. Returns what was done, for the error line."""
+    try:
+        raw = (inst.run_dir / "config.toml").read_bytes()
+        old = cfgmod.parse(raw, source=prior.get("config", "<previous>"))
+        planes, mtu = preflight(old, nl)
+        state = inst.read()
+        state.update(prog_ids=prior.get("prog_ids", {}), map_ids=prior.get("map_ids", {}),
+                     objects_digest=prior.get("objects_digest"))
+        _apply(old, inst, nl, planes, mtu, prior.get("objects_digest"), state)
+        return "rolled back to the running configuration"
+    except Exception as e:  # noqa: BLE001 - report, the original error matters more
+        inst.write({**inst.read(), "rollback_failed": str(e)})
+        return f"rollback failed too ({e}); run `mrcctl down` then `mrcctl up`"
 
 
 def _ensure_agent(cfg: cfgmod.Config, inst: Instance, restart: bool) -> None:
@@ -384,8 +507,19 @@ def _apply(cfg, inst, nl, planes, mtu, digest, prior) -> str:
         state.update(prog_ids=loaded.prog_ids, map_ids=loaded.map_ids, objects_digest=digest)
         inst.write(state)
 
+    # A changed overlay.address replaces the old one rather than joining it;
+    # removed first, as deleting a primary address takes its secondaries.
+    if nl.index(cfg.overlay_device) is not None:
+        for a in nl.addresses(cfg.overlay_device):
+            if a.version == 4 and a != cfg.overlay_address:
+                _step(f"removing the old overlay address {a}", nl.ipr.addr, "del",
+                      index=nl.index(cfg.overlay_device), address=str(a.ip), prefixlen=a.network.prefixlen)
     _step("creating the overlay device", nl.create_overlay, cfg.overlay_device, mtu, cfg.overlay_address)
     overlay_ifindex = nl.index(cfg.overlay_device)
+    if cfg.gso_max_size:
+        # Smaller spraying units: less reordering between planes (issue 4).
+        _step("setting gso_max_size", nl.ipr.link, "set", index=overlay_ifindex,
+              gso_max_size=cfg.gso_max_size)
 
     for rt in planes:
         key = f"net/ipv4/conf/{rt.plane.device}/rp_filter"
@@ -404,11 +538,19 @@ def _apply(cfg, inst, nl, planes, mtu, digest, prior) -> str:
         rx = _step("opening the receive program", dp.program, RX_PROG)
         tx = _step("opening the transmit program", dp.program, TX_PROG)
         try:
+            ours = {state["prog_ids"][RX_PROG], prior.get("prog_ids", {}).get(RX_PROG)}
             for rt in planes:
-                if nl.xdp_prog_id(rt.plane.device) != state["prog_ids"][RX_PROG]:
-                    _step(f"attaching XDP to {rt.plane.device}", nl.attach_xdp, rt.plane.device, rx.fd)
-            _step(f"attaching tc egress to {cfg.overlay_device}", nl.attach_tc_egress,
-                  cfg.overlay_device, tx.fd, TX_PROG)
+                dev = rt.plane.device
+                cur = nl.xdp_prog_id(dev)
+                if cur == state["prog_ids"][RX_PROG]:
+                    continue      # adopted: an attachment is never redone
+                if cur and cur not in ours and _prog_name(cur) != RX_PROG:
+                    raise StepError(f"attaching XDP to {dev}", f"another XDP program "
+                                    f"({_prog_name(cur) or '?'}, id {cur}) is attached; mrc does not replace it")
+                _step(f"attaching XDP to {dev}", nl.attach_xdp, dev, rx.fd)
+            if nl.tc_egress_prog_id(cfg.overlay_device) != state["prog_ids"][TX_PROG]:
+                _step(f"attaching tc egress to {cfg.overlay_device}", nl.attach_tc_egress,
+                      cfg.overlay_device, tx.fd, TX_PROG)
         finally:
             rx.close()
             tx.close()
@@ -462,8 +604,11 @@ def stop_agent(state: dict) -> None:
         return
     with suppress(ProcessLookupError, PermissionError):
         os.kill(pid, signal.SIGTERM)
+        # alive(), not kill(pid, 0): the agent's parent is gone, and until
+        # init reaps it (over a second on some systems) it is a zombie.
         for _ in range(100):
-            os.kill(pid, 0)
+            if not agentmod.alive(pid):
+                return
             time.sleep(0.02)
         os.kill(pid, signal.SIGKILL)
 
@@ -471,6 +616,11 @@ def stop_agent(state: dict) -> None:
 def down(cfg: cfgmod.Config | None = None, overlay: str | None = None) -> str:
     """Remove everything `up` created; works on half-configured or crashed instances."""
     overlay = overlay or cfg.overlay_device
+    with _InstanceLock(Instance(overlay)):
+        return _down(cfg, overlay)
+
+
+def _down(cfg: cfgmod.Config | None, overlay: str) -> str:
     inst = Instance(overlay)
     state = inst.read()
     had_state = bool(state)

@@ -22,6 +22,46 @@ def _state_name(live: wire.PathLive, path: wire.Path) -> str:
     return wire.PathState(live.state).name if live.state in wire.PathState._value2member_map_ else "UNKNOWN"
 
 
+def _hist(buckets: list[int]) -> dict[str, int]:
+    """Reorder-distance histogram keyed by its PSN range ("1", "2-3", "128+")."""
+    return {wire.hist_label(b, len(buckets)): c for b, c in enumerate(buckets)}
+
+
+def _reorder(dp: Datapath, peer: int) -> dict | None:
+    """The receiver's per-peer reorder/loss accounting (bpf/reorder.h).
+
+    lost counts PSNs whose gap was not filled within the 4096-PSN window;
+    late ones arrived after that, so net_lost = lost - late."""
+    try:
+        m = dp.map("mrc_reorder")
+    except Exception:   # an instance loaded before this map existed
+        return None
+    r = wire.Reorder.sum(m.lookup_percpu(wire.u32(peer)))
+    net = max(0, r.lost - r.late)
+    seen = r.rx_packets + net
+    return {
+        "rx_packets": r.rx_packets, "ooo": r.ooo, "dup": r.dup, "lost": r.lost, "late": r.late,
+        "net_lost": net, "resync": r.resync,
+        "ooo_ratio": round(r.ooo / r.rx_packets, 6) if r.rx_packets else 0.0,
+        "loss_ratio": round(net / seen, 6) if seen else 0.0,
+        "hist": _hist(r.hist),
+    }
+
+
+def _with_slot_shares(dp: Datapath, pent: wire.Peer, peer: int, paths: list[dict]) -> list[dict]:
+    """Each path's share of the live slot table: the weights in force (adaptive or fixed)."""
+    raw = dp.map("mrc_slots").lookup(wire.u32(wire.slots_idx(peer, pent.table)))
+    if not raw:
+        return paths
+    sl = wire.Slots.unpack(raw)
+    counts: dict[int, int] = {}
+    for s in sl.slot[:sl.n]:
+        counts[s] = counts.get(s, 0) + 1
+    for p in paths:
+        p["slot_share"] = round(counts.get(p["id"], 0) / sl.n, 4) if sl.n else None
+    return paths
+
+
 def snapshot(cfg: cfgmod.Config, dp: Datapath | None = None) -> dict:
     own = dp is None
     if own:
@@ -63,21 +103,32 @@ def _snapshot(cfg: cfgmod.Config, dp: Datapath) -> dict:
                 "rx_bytes": st.rx_bytes,
                 "rx_ooo": st.rx_ooo,
                 "rx_dup": st.rx_dup,
+                "rx_late": st.rx_late,
+                "rx_ooo_hist": _hist(st.rx_ooo_hist),
+                "slot_share": None,
                 "probes_tx": st.probes_tx,
                 "probes_rx": st.probes_rx,
                 "rtt_us": live.rtt_us or None,
                 "srtt_us": live.srtt_us or None,
                 "evidence_age_ms": round(age_ms, 3) if age_ms is not None else None,
+                # path health (bpf/health.h): send-to-evidence delay, relapses
+                "evidence_delay_ms": round(live.ev_rtt_us / 1000, 3) if live.ev_rtt_us else None,
+                "flaps": live.flaps,
             })
         peers.append({
             "name": peer.name,
             "overlay": str(peer.overlay),
-            "spray": peer.spray,
+            "spray": wire.SprayMode(pent.spray_mode).label
+            if pent.spray_mode in wire.SprayMode._value2member_map_ else peer.spray,
+            "spray_config": peer.spray,
+            "flowlet_gap_us": pent.flowlet_gap_us or None,
+            "weights_mode": cfg.weights.mode,
+            "reorder": _reorder(dp, peer.index),
             "min_active": peer.min_active,
             "active_table": pent.table,
             "tx_psn": seq.psn,
             "rx_psn_max": seq.rx_psn_max,
-            "paths": paths,
+            "paths": _with_slot_shares(dp, pent, peer.index, paths),
         })
     drops = {}
     drops_m = dp.map("mrc_drops")
@@ -96,4 +147,23 @@ def _snapshot(cfg: cfgmod.Config, dp: Datapath) -> dict:
         "peers": peers,
         "drops": drops,
         "agent": {"pid": inst_state.get("agent_pid")},
+        "health": _health(dp),
     }
+
+
+def _health(dp: Datapath) -> dict:
+    """Datapath health counters (bpf/health.h) and the agent's probe report."""
+    out: dict = {}
+    try:
+        hs = wire.HealthStats.sum(dp.map("mrc_hstats").lookup_percpu(wire.u32(0)))
+        out.update({n: getattr(hs, n) for n, _f in wire.HealthStats.LAYOUT})
+    except Exception:   # an instance loaded before this map existed
+        pass
+    try:
+        import json
+        rep = json.loads((dp.inst.run_dir / "health.json").read_text())
+        out["agent"] = {k: rep.get(k) for k in ("probes_sent", "probe_errors", "probed_paths",
+                                                  "planes_down", "events", "cpu_s", "uptime_s")}
+    except (OSError, ValueError):
+        pass
+    return out

@@ -143,6 +143,17 @@ class Netlink:
                 return bytes.fromhex(mac.replace(":", ""))
         return None
 
+    def neighbour_table(self) -> dict[tuple[int, str], bytes]:
+        """Every usable neighbour entry: (ifindex, address) -> MAC, one dump."""
+        out = {}
+        for family in (socket.AF_INET, socket.AF_INET6):
+            for n in self.ipr.get_neighbours(family=family):
+                mac, dst = n.get("lladdr"), n.get("dst")
+                if mac and dst and not n["state"] & 0x21:
+                    out[(n["ifindex"], str(ipaddress.ip_address(dst)))] = \
+                        bytes.fromhex(mac.replace(":", ""))
+        return out
+
     def resolve_neighbours(self, wanted: list[tuple[str, object]], timeout: float = 1.5) -> dict:
         """Ask the kernel to resolve each (device, address), wait for the answers.
 

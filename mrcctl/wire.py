@@ -31,6 +31,9 @@ MRC_MAX_PEERS = 64
 MRC_MAX_PATHS = 256
 MRC_MAX_PLANES = 16
 MRC_SLOTS = 1024
+MRC_WIN_WORDS = 64          # receiver reorder window: 64 words of 64 PSNs
+MRC_HIST_BUCKETS = 16       # per peer reorder-distance histogram (log2)
+MRC_PATH_HIST = 8           # per path reorder-distance histogram (log2)
 
 MRC_F_FEEDBACK = 0x01
 MRC_F_HEDGE = 0x02
@@ -41,6 +44,8 @@ MRC_OVERHEAD_V6 = 40 + 8 + MRC_HDR_LEN
 
 MRC_CFG_LIVENESS = 0x01
 MRC_CFG_HEDGE = 0x02
+MRC_CFG_HEDGE_ALL = 0x04
+MRC_DEDUP_WORDS = 512       # hedged-unit duplicate filter: 512 words of 32 PSNs
 
 MRC_PATH_ENTRIES = MRC_MAX_PEERS * MRC_MAX_PATHS
 
@@ -108,6 +113,17 @@ class Reason(_LabelEnum):
 MRC_R_MAX = 16
 
 
+class EvReason(_LabelEnum):
+    """enum mrc_ev_reason: why a path changed state (struct mrc_event)."""
+    DEAD = 1
+    RECOVERED = 2
+    LINK_DOWN = 3
+    LINK_UP = 4
+    DENIED = 5
+    ALLOWED = 6
+    MIN_ACTIVE = 7
+
+
 class SprayMode(_LabelEnum):
     """enum mrc_spray."""
     WEIGHTED = 0
@@ -125,6 +141,9 @@ def c_constants() -> dict[str, int]:
         "MRC_MAX_PATHS": MRC_MAX_PATHS,
         "MRC_MAX_PLANES": MRC_MAX_PLANES,
         "MRC_SLOTS": MRC_SLOTS,
+        "MRC_WIN_WORDS": MRC_WIN_WORDS,
+        "MRC_HIST_BUCKETS": MRC_HIST_BUCKETS,
+        "MRC_PATH_HIST": MRC_PATH_HIST,
         "MRC_F_FEEDBACK": MRC_F_FEEDBACK,
         "MRC_F_HEDGE": MRC_F_HEDGE,
         "MRC_HDR_LEN": MRC_HDR_LEN,
@@ -132,12 +151,15 @@ def c_constants() -> dict[str, int]:
         "MRC_OVERHEAD_V6": MRC_OVERHEAD_V6,
         "MRC_CFG_LIVENESS": MRC_CFG_LIVENESS,
         "MRC_CFG_HEDGE": MRC_CFG_HEDGE,
+        "MRC_CFG_HEDGE_ALL": MRC_CFG_HEDGE_ALL,
+        "MRC_DEDUP_WORDS": MRC_DEDUP_WORDS,
         "MRC_R_MAX": MRC_R_MAX,
     }
     out.update({f"MRC_T_{m.name}": int(m) for m in MsgType})
     out.update({f"MRC_PATH_{m.name}": int(m) for m in PathState})
     out.update({f"MRC_R_{m.name}": int(m) for m in Reason})
     out.update({f"MRC_SPRAY_{m.name}": int(m) for m in SprayMode})
+    out.update({f"MRC_EV_{m.name}": int(m) for m in EvReason})
     return out
 
 
@@ -308,11 +330,14 @@ class Config(_Struct):
     """struct mrc_config (mrc_cfg[0])."""
     C_NAME: ClassVar[str] = "mrc_config"
     LAYOUT: ClassVar = (("udp_port", "I"), ("overlay_ifindex", "I"),
-                        ("dead_after_us", "I"), ("flags", "I"))
+                        ("dead_after_us", "I"), ("flags", "I"),
+                        ("hedge_after_us", "I"), ("recover_probes", "I"))
     udp_port: int = MRC_DEFAULT_UDP_PORT
     overlay_ifindex: int = 0
     dead_after_us: int = 0
     flags: int = 0
+    hedge_after_us: int = 0
+    recover_probes: int = 0
 
 
 @dataclass
@@ -320,13 +345,15 @@ class Peer(_Struct):
     """struct mrc_peer. overlay is a dotted IPv4 string."""
     C_NAME: ClassVar[str] = "mrc_peer"
     LAYOUT: ClassVar = (("n_paths", "I"), ("table", "I"), ("spray_mode", "I"),
-                        ("min_active", "I"), ("overlay", "4s"), ("ev_base", "I"))
+                        ("min_active", "I"), ("overlay", "4s"), ("ev_base", "I"),
+                        ("flowlet_gap_us", "I"))
     n_paths: int = 0
     table: int = 0
     spray_mode: int = SprayMode.WEIGHTED
     min_active: int = 1
     overlay: str = "0.0.0.0"
     ev_base: int = MRC_DEFAULT_EV_BASE
+    flowlet_gap_us: int = 0
 
     def _to_raw(self):
         v = super()._to_raw()
@@ -403,33 +430,95 @@ class PathLive(_Struct):
     """struct mrc_path_live (datapath-written liveness)."""
     C_NAME: ClassVar[str] = "mrc_path_live"
     LAYOUT: ClassVar = (("last_ack_ns", "Q"), ("last_rx_ns", "Q"), ("last_rx_ts", "I"),
-                        ("state", "I"), ("srtt_us", "I"), ("rtt_us", "I"))
+                        ("state", "I"), ("srtt_us", "I"), ("rtt_us", "I"),
+                        ("unacked_ns", "Q"), ("bad_ns", "Q"), ("good_ns", "Q"),
+                        ("probe_seq", "I"), ("probe_ok", "I"), ("flaps", "I"),
+                        ("fb_echoed", "I"), ("ev_rx_ns", "Q"), ("ev_gap_us", "I"), ("ev_rtt_us", "I"),
+                        ("ev_ack_ns", "Q"), ("strike_ns", "Q"))
     last_ack_ns: int = 0
     last_rx_ns: int = 0
     last_rx_ts: int = 0
     state: int = PathState.GOOD
     srtt_us: int = 0
     rtt_us: int = 0
+    unacked_ns: int = 0
+    bad_ns: int = 0
+    good_ns: int = 0
+    probe_seq: int = 0
+    probe_ok: int = 0
+    flaps: int = 0
+    fb_echoed: int = 0
+    ev_rx_ns: int = 0
+    ev_gap_us: int = 0
+    ev_rtt_us: int = 0
+    ev_ack_ns: int = 0
+    strike_ns: int = 0
 
 
 @dataclass
 class PeerSeq(_Struct):
     """struct mrc_peer_seq."""
     C_NAME: ClassVar[str] = "mrc_peer_seq"
-    LAYOUT: ClassVar = (("psn", "Q"), ("cursor", "Q"), ("fb_cursor", "Q"), ("rx_psn_max", "Q"))
+    LAYOUT: ClassVar = (("psn", "Q"), ("cursor", "Q"), ("fb_cursor", "Q"), ("rx_psn_max", "Q"),
+                        ("ack_max_ns", "Q"))
     psn: int = 0
     cursor: int = 0
     fb_cursor: int = 0
     rx_psn_max: int = 0
+    ack_max_ns: int = 0
+
+
+class _Counters(_Struct):
+    """Base for per-CPU counter structs: every field a __u64 or an array of
+    them ("<n>Q", kept as a list); sum() adds the CPUs up."""
+
+    def _to_raw(self) -> list:
+        out = []
+        for n, f in self.LAYOUT:
+            v = getattr(self, n)
+            if f == "Q":
+                out.append(v)
+            else:
+                k = int(f[:-1])
+                out.extend((list(v) + [0] * k)[:k])
+        return out
+
+    @classmethod
+    def _from_raw(cls, vals: Sequence):
+        kw, i = {}, 0
+        for n, f in cls.LAYOUT:
+            if f == "Q":
+                kw[n] = vals[i]
+                i += 1
+            else:
+                k = int(f[:-1])
+                kw[n] = list(vals[i:i + k])
+                i += k
+        return cls(**kw)
+
+    def __add__(self, other):
+        kw = {}
+        for n, f in self.LAYOUT:
+            a, b = getattr(self, n), getattr(other, n)
+            kw[n] = a + b if f == "Q" else [x + y for x, y in zip(a, b)]
+        return type(self)(**kw)
+
+    @classmethod
+    def sum(cls, values: Iterable[bytes]):
+        """Add up Map.lookup_percpu() results into one value."""
+        tot = cls()
+        for v in values:
+            tot = tot + cls.unpack(v)
+        return tot
 
 
 @dataclass
-class PathStats(_Struct):
+class PathStats(_Counters):
     """struct mrc_path_stats (per CPU; PathStats.sum() adds CPUs up)."""
     C_NAME: ClassVar[str] = "mrc_path_stats"
     LAYOUT: ClassVar = tuple((n, "Q") for n in (
         "tx_packets", "tx_bytes", "rx_packets", "rx_bytes", "rx_ooo", "rx_dup",
-        "probes_tx", "probes_rx"))
+        "probes_tx", "probes_rx", "rx_late")) + (("rx_ooo_hist", f"{MRC_PATH_HIST}Q"),)
     tx_packets: int = 0
     tx_bytes: int = 0
     rx_packets: int = 0
@@ -438,19 +527,72 @@ class PathStats(_Struct):
     rx_dup: int = 0
     probes_tx: int = 0
     probes_rx: int = 0
+    rx_late: int = 0
+    rx_ooo_hist: list[int] = field(default_factory=lambda: [0] * MRC_PATH_HIST)
 
-    @classmethod
-    def sum(cls, values: Iterable[bytes]) -> "PathStats":
-        """Add up Map.lookup_percpu() results into one PathStats."""
-        tot = cls()
-        for v in values:
-            s = cls.unpack(v)
-            for name, _f in cls.LAYOUT:
-                setattr(tot, name, getattr(tot, name) + getattr(s, name))
-        return tot
 
-    def __add__(self, other: "PathStats") -> "PathStats":
-        return PathStats(**{n: getattr(self, n) + getattr(other, n) for n, _ in self.LAYOUT})
+@dataclass
+class RxWin(_Counters):
+    """struct mrc_rx_win: the receiver's per-peer reorder window (shared)."""
+    C_NAME: ClassVar[str] = "mrc_rx_win"
+    LAYOUT: ClassVar = (("max", "Q"), ("started", "Q"), ("bits", f"{MRC_WIN_WORDS}Q"))
+    max: int = 0
+    started: int = 0
+    bits: list[int] = field(default_factory=lambda: [0] * MRC_WIN_WORDS)
+
+
+@dataclass
+class Reorder(_Counters):
+    """struct mrc_reorder: per-peer reorder/loss counters (per CPU)."""
+    C_NAME: ClassVar[str] = "mrc_reorder"
+    LAYOUT: ClassVar = tuple((n, "Q") for n in (
+        "rx_packets", "ooo", "dup", "lost", "late", "resync")) + (
+        ("hist", f"{MRC_HIST_BUCKETS}Q"),)
+    rx_packets: int = 0
+    ooo: int = 0
+    dup: int = 0
+    lost: int = 0
+    late: int = 0
+    resync: int = 0
+    hist: list[int] = field(default_factory=lambda: [0] * MRC_HIST_BUCKETS)
+
+
+@dataclass
+class PathDelay(_Struct):
+    """struct mrc_path_delay: RTT of our path from fresh feedback echoes."""
+    C_NAME: ClassVar[str] = "mrc_path_delay"
+    LAYOUT: ClassVar = (("samples", "Q"), ("last_fb_ts", "I"), ("rtt_us", "I"),
+                        ("ewma_us", "I"), ("rsvd", "I"))
+    samples: int = 0
+    last_fb_ts: int = 0
+    rtt_us: int = 0
+    ewma_us: int = 0
+    rsvd: int = 0
+
+
+@dataclass
+class FlowletKey(_Struct):
+    """struct mrc_flowlet_key."""
+    C_NAME: ClassVar[str] = "mrc_flowlet_key"
+    LAYOUT: ClassVar = (("peer", "I"), ("hash", "I"))
+    peer: int = 0
+    hash: int = 0
+
+
+@dataclass
+class Flowlet(_Struct):
+    """struct mrc_flowlet."""
+    C_NAME: ClassVar[str] = "mrc_flowlet"
+    LAYOUT: ClassVar = (("last_ns", "Q"), ("slot", "I"), ("moves", "I"))
+    last_ns: int = 0
+    slot: int = 0
+    moves: int = 0
+
+
+def hist_label(b: int, n: int) -> str:
+    """Range of reorder distances (PSNs) in log2 bucket b of n."""
+    lo = 1 << b
+    return f"{lo}+" if b == n - 1 else (str(lo) if lo == 1 else f"{lo}-{2 * lo - 1}")
 
 
 @dataclass
@@ -479,8 +621,63 @@ class RxPeer(_Struct):
     plane: int = 0
 
 
+@dataclass
+class Event(_Struct):
+    """struct mrc_event: one record of the mrc_events ring buffer."""
+    C_NAME: ClassVar[str] = "mrc_event"
+    LAYOUT: ClassVar = (("ts_ns", "Q"), ("peer", "I"), ("path", "H"), ("old_state", "B"),
+                        ("new_state", "B"), ("reason", "I"), ("age_us", "I"))
+    ts_ns: int = 0
+    peer: int = 0
+    path: int = 0
+    old_state: int = 0
+    new_state: int = 0
+    reason: int = 0
+    age_us: int = 0
+
+
+@dataclass
+class HealthStats(_Struct):
+    """struct mrc_hstats (per CPU; HealthStats.sum() adds CPUs up)."""
+    C_NAME: ClassVar[str] = "mrc_hstats"
+    LAYOUT: ClassVar = tuple((n, "Q") for n in (
+        "hedged", "hedge_no_path", "dedup_drops", "dead", "recovered", "min_active_held",
+        "fallback", "events_lost"))
+    hedged: int = 0
+    hedge_no_path: int = 0
+    dedup_drops: int = 0
+    dead: int = 0
+    recovered: int = 0
+    min_active_held: int = 0
+    fallback: int = 0
+    events_lost: int = 0
+
+    @classmethod
+    def sum(cls, values: Iterable[bytes]) -> "HealthStats":
+        tot = cls()
+        for v in values:
+            s = cls.unpack(v)
+            for name, _f in cls.LAYOUT:
+                setattr(tot, name, getattr(tot, name) + getattr(s, name))
+        return tot
+
+
+@dataclass
+class Dedup(_Struct):
+    """struct mrc_dedup: tag << 32 | 32 PSN bits per word."""
+    C_NAME: ClassVar[str] = "mrc_dedup"
+    LAYOUT: ClassVar = (("w", f"{MRC_DEDUP_WORDS * 8}s"),)
+    w: bytes = bytes(MRC_DEDUP_WORDS * 8)
+
+    def words(self) -> list[int]:
+        return list(struct.unpack(f"={MRC_DEDUP_WORDS}Q", self.w))
+
+
 ALL_STRUCTS: tuple[type[_Struct], ...] = (
-    MrcHdr, Config, Peer, Slots, Path, PathLive, PeerSeq, PathStats, RxKey, RxPeer)
+    MrcHdr, Config, Peer, Slots, Path, PathLive, PeerSeq, PathStats, RxKey, RxPeer,
+    RxWin, Reorder, FlowletKey, Flowlet, PathDelay)
+# path health (bpf/health.h)
+ALL_STRUCTS += (Event, HealthStats, Dedup)
 
 
 # ---------------------------------------------------------------------------

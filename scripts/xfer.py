@@ -21,6 +21,7 @@ import sys
 import time
 
 CHUNK = 256 * 1024
+SO_MAX_PACING_RATE = 47
 
 
 def parse_size(s: str) -> int:
@@ -69,7 +70,7 @@ def recv(bind: str, port: int, timeout: float, timeline: str | None, bucket_ms: 
     conn.close()
     srv.close()
     out = {"role": "recv", "bytes": total, "sha256": h.hexdigest(), "seconds": round(secs, 4),
-           "reset": reset, "peer": peer[0]}
+           "reset": reset, "peer": peer[0], "t0": t0}
     if timeline:
         last = max(buckets) if buckets else 0
         series = [buckets.get(i, 0) for i in range(last + 1)]
@@ -79,12 +80,18 @@ def recv(bind: str, port: int, timeout: float, timeline: str | None, bucket_ms: 
     return out
 
 
-def send(to: str, port: int, nbytes: int, seed: int, timeout: float, connect_wait: float) -> dict:
+def send(to: str, port: int, nbytes: int, seed: int, timeout: float, connect_wait: float,
+         max_rate: int = 0, repeat: int = 1) -> dict:
     data = payload(seed, nbytes)
     deadline = time.monotonic() + connect_wait
     while True:
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         s.settimeout(timeout)
+        if max_rate:
+            # TCP's own pacing (no fq needed): a sender below the path
+            # capacity sees no congestion loss, so retransmissions measure
+            # only what the network did (failover benchmark and tests)
+            s.setsockopt(socket.SOL_SOCKET, SO_MAX_PACING_RATE, max_rate)
         try:
             s.connect((to, port))
             break
@@ -95,15 +102,22 @@ def send(to: str, port: int, nbytes: int, seed: int, timeout: float, connect_wai
             time.sleep(0.05)
     t0 = time.monotonic()
     view = memoryview(data)
-    for off in range(0, nbytes, CHUNK):
-        s.sendall(view[off:off + CHUNK])
+    # repeat: streams longer than one buffer can be built (random.randbytes
+    # stops at 256 MiB) without holding them in memory
+    for _ in range(repeat):
+        for off in range(0, nbytes, CHUNK):
+            s.sendall(view[off:off + CHUNK])
     s.shutdown(socket.SHUT_WR)
     # Wait for the receiver to close so "seconds" covers delivery, not buffering.
     s.recv(1)
     secs = time.monotonic() - t0
     s.close()
-    return {"role": "send", "bytes": nbytes, "sha256": hashlib.sha256(data).hexdigest(),
-            "seconds": round(secs, 4), "gbps": round(nbytes * 8 / secs / 1e9, 3)}
+    h = hashlib.sha256()
+    for _ in range(repeat):
+        h.update(data)
+    total = nbytes * repeat
+    return {"role": "send", "bytes": total, "sha256": h.hexdigest(),
+            "seconds": round(secs, 4), "gbps": round(total * 8 / secs / 1e9, 3)}
 
 
 def main(argv=None) -> int:
@@ -123,12 +137,15 @@ def main(argv=None) -> int:
     s.add_argument("--seed", type=int, default=1)
     s.add_argument("--timeout", type=float, default=60)
     s.add_argument("--connect-wait", type=float, default=10)
+    s.add_argument("--repeat", type=int, default=1, help="send the payload this many times")
+    s.add_argument("--max-rate", type=parse_size, default=0, metavar="BYTES_PER_S",
+                   help="pace the connection (SO_MAX_PACING_RATE), e.g. 25M")
     a = ap.parse_args(argv)
     try:
         if a.cmd == "recv":
             out = recv(a.bind, a.port, a.timeout, a.timeline, a.bucket_ms, a.ready_file)
         else:
-            out = send(a.to, a.port, parse_size(a.bytes), a.seed, a.timeout, a.connect_wait)
+            out = send(a.to, a.port, parse_size(a.bytes), a.seed, a.timeout, a.connect_wait, a.max_rate, a.repeat)
     except (OSError, socket.timeout) as e:
         print(json.dumps({"role": a.cmd, "error": f"{type(e).__name__}: {e}"}), flush=True)
         return 1

@@ -110,6 +110,15 @@ def test_three_hosts_a_talks_to_b_and_c(tmp_path):
         assert {p["name"] for p in snap["peers"]} == {"h1", "h2"}
         for peer in snap["peers"]:
             assert all(p["tx_packets"] > 0 for p in peer["paths"])
+        # one instance per namespace, all named mrc0, none sees another's maps
+        b, c = lab.status(1), lab.status(2)
+        assert [p["name"] for p in b["peers"]] == ["h0", "h2"]
+        assert [p["name"] for p in c["peers"]] == ["h0", "h1"]
+        rx_b = sum(p["rx_bytes"] for p in b["peers"][0]["paths"])
+        rx_c = sum(p["rx_bytes"] for p in c["peers"][0]["paths"])
+        assert sum(p["rx_bytes"] for p in b["peers"][1]["paths"]) < 1 << 20   # nothing from h2
+        assert rx_b >= 16 << 20 and rx_c >= 16 << 20
+        assert rx_b < 2 * (16 << 20) and rx_c < 2 * (16 << 20)
 
 
 def _mrc_leftovers(lab, i):
@@ -167,3 +176,26 @@ def _prog_ids() -> set[int]:
         except LibbpfError:
             pass          # unloaded meanwhile
     return found
+
+
+def test_agent_restores_a_wrong_neighbour_mac(lab2):
+    """The agent keeps each path's destination MAC equal to the kernel's neighbour entry."""
+    import time
+
+    from mrcctl import wire
+    from mrcctl.libbpf import Map
+    from mrcctl.state import Instance
+
+    ino = int(lab2.tb.exec(0, ["stat", "-L", "-c", "%i", "/proc/self/ns/net"]).stdout)
+    state = Instance("mrc0", netns=ino).read()
+    key = wire.u32(wire.path_idx(0, 0))
+    with Map.from_id(state["map_ids"]["mrc_paths"]) as paths:
+        good = wire.Path.unpack(paths.lookup(key))
+        assert good.dmac == lab2.tb.mac(1, 0, 0)
+        paths.update(key, wire.replace(good, dmac="02:00:00:00:de:ad").pack())
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            if wire.Path.unpack(paths.lookup(key)).dmac == good.dmac:
+                break
+            time.sleep(0.1)
+        assert wire.Path.unpack(paths.lookup(key)).dmac == good.dmac

@@ -206,6 +206,8 @@ def test_unusable_paths_are_skipped(dp):
 
 
 def test_no_usable_path_drops(dp):
+    # min_active 0: nothing forces a send on a bad path (tests/unit/test_health.py)
+    dp.set_peer(PEER, n_paths=len(PATHS), overlay=PEER_OVERLAY, min_active=0)
     dp.set_slots([0, 1, 2, 3])
     for i in range(4):
         dp.set_live(i, state=wire.PathState.ASSUMED_BAD)

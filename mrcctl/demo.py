@@ -1,0 +1,370 @@
+"""`mrcctl demo`: mrc on a throwaway two-host testbed, live.
+
+Builds two network namespaces joined by N shaped veth planes, brings mrc up
+in both exactly as an operator would (`ip netns exec NS mrcctl up`), runs one
+TCP stream for a fixed time, blackholes one plane at 1/3 of the run and
+restores it at 2/3, shows the dashboard of the sending host while it runs
+(a one-line summary per second when stdout is not a terminal), prints a
+final summary, and removes everything it made on the way out, Ctrl-C and
+SIGTERM included.
+
+`python -m mrcctl.demo send|recv` are the two ends of the stream: a
+time-bounded TCP stream with sha256 at both ends (scripts/xfer.py sends a
+fixed size from memory, which does not suit a fixed duration).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+from .errors import MrcError
+
+PORT = 5201
+POOL = 4 << 20
+CHUNK = 64 << 10
+
+
+# ------------------------------------------------------------------ stream ends
+
+def _pool(seed: int) -> bytes:
+    return random.Random(seed).randbytes(POOL + CHUNK)
+
+
+def stream_send(to: str, port: int, seconds: float, seed: int = 1, timeout: float = 30.0) -> dict:
+    pool = memoryview(_pool(seed))
+    deadline = time.monotonic() + 10
+    while True:
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.settimeout(timeout)
+        try:
+            s.connect((to, port))
+            break
+        except OSError:
+            s.close()
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+    h = hashlib.sha256()
+    total = 0
+    i = 0
+    t0 = time.monotonic()
+    end = t0 + seconds
+    while time.monotonic() < end:
+        # successive chunks start at scattered offsets so no two are alike
+        off = (i * 40503 * 64) % POOL
+        chunk = pool[off:off + CHUNK]
+        s.sendall(chunk)
+        h.update(chunk)
+        total += CHUNK
+        i += 1
+    s.shutdown(socket.SHUT_WR)
+    s.recv(1)   # the receiver closes once it has everything
+    secs = time.monotonic() - t0
+    s.close()
+    return {"role": "send", "bytes": total, "sha256": h.hexdigest(), "seconds": round(secs, 3)}
+
+
+def stream_recv(bind: str, port: int, timeout: float) -> dict:
+    srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    srv.bind((bind, port))
+    srv.listen(1)
+    srv.settimeout(timeout)
+    print(json.dumps({"listening": f"{bind}:{port}"}), flush=True)
+    conn, _ = srv.accept()
+    conn.settimeout(timeout)
+    h = hashlib.sha256()
+    total = 0
+    buf = bytearray(1 << 18)
+    view = memoryview(buf)
+    t0 = time.monotonic()
+    while True:
+        n = conn.recv_into(buf)
+        if not n:
+            break
+        h.update(view[:n])
+        total += n
+    secs = time.monotonic() - t0
+    conn.close()
+    srv.close()
+    return {"role": "recv", "bytes": total, "sha256": h.hexdigest(), "seconds": round(secs, 3)}
+
+
+def _stream_main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m mrcctl.demo")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("send")
+    s.add_argument("--to", required=True)
+    s.add_argument("--port", type=int, default=PORT)
+    s.add_argument("--seconds", type=float, default=9)
+    s.add_argument("--seed", type=int, default=1)
+    s.add_argument("--timeout", type=float, default=30)
+    r = sub.add_parser("recv")
+    r.add_argument("--bind", default="0.0.0.0")
+    r.add_argument("--port", type=int, default=PORT)
+    r.add_argument("--timeout", type=float, default=60)
+    a = ap.parse_args(argv)
+    try:
+        if a.cmd == "send":
+            out = stream_send(a.to, a.port, a.seconds, a.seed, a.timeout)
+        else:
+            out = stream_recv(a.bind, a.port, a.timeout)
+    except (OSError, socket.timeout) as e:
+        print(json.dumps({"role": a.cmd, "error": f"{type(e).__name__}: {e}"}), flush=True)
+        return 1
+    print(json.dumps(out), flush=True)
+    return 0
+
+
+# ------------------------------------------------------------------ the demo
+
+class _Interrupted(Exception):
+    pass
+
+
+def _interrupt(*_):
+    raise _Interrupted()
+
+
+def _json_line(text: str) -> dict:
+    for line in reversed((text or "").splitlines()):
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except ValueError:
+                pass
+    return {}
+
+
+class Demo:
+    def __init__(self, duration: float, planes: int, fault: bool, rate: str | None, out=None):
+        from .testbed import Testbed
+        self.duration = duration
+        self.fault = fault
+        self.out = out or sys.stdout
+        self.prefix = f"mrcdemo{os.getpid() % 100000}"
+        self.tb = Testbed(hosts=2, planes=planes, rates=None if rate in (None, "none") else rate,
+                          prefix=self.prefix)
+        self.fault_plane = 1 if planes > 1 else 0
+        self.tmp = tempfile.mkdtemp(prefix="mrcdemo-")
+        self.configs: dict[int, str] = {}
+        self.netns: dict[int, int] = {}
+        self.procs: list[subprocess.Popen] = []
+        self.phase = "starting"
+        self.fault_on_at = duration / 3
+        self.fault_off_at = 2 * duration / 3
+        self._fault_state = 0      # 0 before, 1 blackholed, 2 restored
+        self.t0 = 0.0
+
+    # --- helpers
+    def mrcctl(self, i: int, *args, timeout: float = 60) -> subprocess.CompletedProcess:
+        return subprocess.run(self.tb.ns_cmd(i, [sys.executable, "-m", "mrcctl", *args]),
+                              capture_output=True, text=True, timeout=timeout, cwd="/")
+
+    def build(self) -> None:
+        self.phase = "building testbed"
+        self.tb.up()
+        for i in self.tb.hosts():
+            path = os.path.join(self.tmp, f"h{i}.toml")
+            with open(path, "w") as f:
+                f.write(self.tb.mrc_config(i))
+            self.configs[i] = path
+            self.netns[i] = os.stat(f"/run/netns/{self.tb.ns(i)}").st_ino
+        self.phase = "mrcctl up"
+        for i in self.tb.hosts():
+            cp = self.mrcctl(i, "up", "-c", self.configs[i])
+            if cp.returncode != 0:
+                msg = (cp.stderr.strip().splitlines() or ["failed"])[-1]
+                raise MrcError(f"demo: mrcctl up on {self.tb.ns(i)}: {msg}")
+
+    def start_stream(self) -> None:
+        self.phase = "stream"
+        py = [sys.executable, "-m", "mrcctl.demo"]
+        recv = self.tb.popen(1, py + ["recv", "--bind", self.tb.overlay_addr(1), "--port", str(PORT),
+                                      "--timeout", str(self.duration + 60)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/")
+        self.procs.append(recv)
+        r, _, _ = select.select([recv.stdout], [], [], 15)
+        line = recv.stdout.readline() if r else ""
+        if "listening" not in line:
+            raise MrcError(f"demo: the receiver did not start: {line.strip() or recv.stderr.read(500)}")
+        self.recv = recv
+        self.send = self.tb.popen(0, py + ["send", "--to", self.tb.overlay_addr(1), "--port", str(PORT),
+                                           "--seconds", str(self.duration)],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/")
+        self.procs.append(self.send)
+        self.t0 = time.monotonic()
+
+    def tick(self, now: float) -> str:
+        """Apply the fault schedule; returns a note for the display."""
+        t = now - self.t0
+        dev = self.tb.dev(0, 1, self.fault_plane)
+        if self.fault and self._fault_state == 0 and t >= self.fault_on_at:
+            self.tb.blackhole(0, self.fault_plane, True, both=True)
+            self._fault_state = 1
+        elif self.fault and self._fault_state == 1 and t >= self.fault_off_at:
+            self.tb.blackhole(0, self.fault_plane, False, both=True)
+            self._fault_state = 2
+        if not self.fault:
+            return "no fault injected"
+        return {0: f"plane {dev} will be blackholed at t={self.fault_on_at:.0f}s",
+                1: f"plane {dev} BLACKHOLED (both ways) until t={self.fault_off_at:.0f}s",
+                2: f"plane {dev} restored at t={self.fault_off_at:.0f}s"}[self._fault_state]
+
+    def restore(self) -> None:
+        if self._fault_state == 1:
+            self.tb.blackhole(0, self.fault_plane, False, both=True)
+            self._fault_state = 2
+
+    def finished(self) -> bool:
+        return self.send.poll() is not None
+
+    def teardown(self) -> None:
+        from .state import Instance
+        for p in self.procs:
+            if p.poll() is None:
+                p.terminate()
+                try:
+                    p.wait(timeout=3)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait(timeout=3)
+        for i, path in self.configs.items():
+            try:
+                self.mrcctl(i, "down", "-c", path, timeout=30)
+            except subprocess.TimeoutExpired:
+                pass
+        self.tb.down()   # ends whatever still runs in the namespaces (agents), deletes them
+        for i, ino in self.netns.items():
+            Instance("mrc0", ino).remove()   # in case `down` could not run
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def _summary_line(demo: Demo, dash, note: str) -> str:
+    t = time.monotonic() - demo.t0
+    tx = sum(p.tx_Bps or 0 for p in dash.paths)
+    good = sum(p.state == "GOOD" for p in dash.paths)
+    from .render import bitrate
+    from .top import fold
+    short = {"GOOD": "ok", "ASSUMED_BAD": "BAD", "DENIED": "DENIED"}
+    planes = " ".join(f"{v.plane} {bitrate(v.tx_Bps)} {short.get(v.state, v.state.replace('MIXED ', 'ok '))}"
+                      for v, _ in fold(dash.paths))
+    return (f"t={t:4.1f}s  h0->h1 {bitrate(tx)}b/s  paths GOOD {good}/{len(dash.paths)}  {planes}  | {note}")
+
+
+def run(duration: float = 9.0, planes: int = 4, fault: bool = True, rate: str | None = "250mbit") -> int:
+    if os.geteuid() != 0:
+        raise MrcError("mrcctl demo needs root: it creates network namespaces and loads BPF (sudo mrcctl demo)")
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None:
+            raise MrcError(f"mrcctl demo needs `{tool}` (iproute2)")
+    from . import config as cfgmod
+    from .loader import object_paths
+    from .top import Dashboard, Source, run_live
+    from rich.console import Console
+    object_paths()   # a missing build fails here, before anything is created
+
+    console = Console()
+    interactive = console.is_terminal
+    demo = Demo(duration, planes, fault, rate)
+    old = {s: signal.signal(s, _interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
+    outcome = "done"
+    snap = None
+    events = 0
+    try:
+        console.print(f"[bold]mrc demo[/]: 2 hosts ({demo.tb.ns(0)}, {demo.tb.ns(1)}), {planes} planes"
+                      f"{' at ' + rate if rate and rate != 'none' else ''}, one TCP stream for {duration:g} s",
+                      soft_wrap=True)
+        demo.build()
+        cfg0 = cfgmod.load(demo.configs[0])
+        source = Source(cfg0, netns=demo.netns[0])
+        dash = Dashboard(source, interval=0.25)
+        demo.start_stream()
+        hard_end = demo.t0 + duration + 45
+        if interactive:
+            def on_tick(now):
+                dash.view.message = demo.tick(now)
+                if demo.finished() or now > hard_end:
+                    raise _Done()
+            outcome = _live(run_live, dash, console, on_tick, hard_end)
+        else:
+            nxt = time.monotonic()
+            while not demo.finished() and time.monotonic() < hard_end:
+                note = demo.tick(time.monotonic())
+                dash.sample()
+                print(_summary_line(demo, dash, note), flush=True)
+                nxt += 1.0
+                time.sleep(max(0.0, nxt - time.monotonic()))
+        demo.restore()   # the fault never outlives the stream
+        if outcome == "done":
+            dash.sample()
+            snap = dash.snap
+            source.events.poll()
+            events = source.events.count
+        source.close()
+        if outcome != "done":
+            console.print(f"demo stopped early ({outcome}); cleaning up")
+            return 0 if outcome == "quit" else 130
+        return _report(console, demo, snap, events)
+    except (KeyboardInterrupt, _Interrupted):
+        console.print("demo interrupted; cleaning up")
+        return 130
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)   # cleanup must not be cut short
+        try:
+            demo.teardown()
+        finally:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            for s, h in old.items():
+                signal.signal(s, h)
+
+
+class _Done(Exception):
+    pass
+
+
+def _live(run_live, dash, console, on_tick, hard_end) -> str:
+    try:
+        reason = run_live(dash, console, until=hard_end, on_tick=on_tick)
+    except _Done:
+        return "done"
+    return {"quit": "quit", "interrupt": "interrupt"}.get(reason, "done")
+
+
+def _report(console, demo: Demo, snap: dict | None, events: int) -> int:
+    from .render import human_bytes, print_status
+    try:
+        out_s, _ = demo.send.communicate(timeout=60)
+        out_r, _ = demo.recv.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        console.print("[bold red]the stream did not finish in time[/]")
+        return 1
+    s, r = _json_line(out_s), _json_line(out_r)
+    if snap:
+        print_status(snap, console)
+    ok = bool(s.get("sha256")) and s.get("sha256") == r.get("sha256") and s.get("bytes", 0) > 0
+    secs = r.get("seconds") or s.get("seconds") or 0
+    gbps = (r.get("bytes", 0) * 8 / secs / 1e9) if secs else 0
+    console.print(f"sent {human_bytes(s.get('bytes', 0))}, received {human_bytes(r.get('bytes', 0))} "
+                  f"in {secs:.1f} s ({gbps:.2f} Gbit/s): sha256 "
+                  + ("[green]match[/]" if ok else f"[bold red]MISMATCH[/] {s.get('error', '')} {r.get('error', '')}"))
+    console.print(f"EV state changes logged: {events}" + ("" if events else
+                                                         " (no events log: the failover agent is not running)"))
+    console.print("everything the demo created is being removed")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(_stream_main())

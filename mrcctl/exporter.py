@@ -1,0 +1,222 @@
+"""Prometheus metrics of one instance, read from the snapshot at scrape time.
+
+Served by the agent when the config has `[metrics] listen = "HOST:PORT"`, or
+in the foreground by `mrcctl exporter -c FILE [--listen HOST:PORT]`. The
+collector renders stats.snapshot(), the same dict `status --json` prints, so
+a scrape and a `status` taken at the same moment agree; there is no cache
+between the datapath's counters and the scrape.
+
+Metric names and labels are documented in docs/operator-guide.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import signal
+import threading
+
+from . import agent as agentmod
+from . import config as cfgmod
+from .errors import InputError, MrcError
+
+log = logging.getLogger("mrc.exporter")
+
+DEFAULT_LISTEN = "127.0.0.1:9477"
+STATES = ("GOOD", "ASSUMED_BAD", "DENIED")
+PATH_LABELS = ["peer", "plane", "ev"]
+# snapshot path key -> (metric name, help); counters get "_total" from prometheus-client
+PATH_COUNTERS = {
+    "tx_packets": ("mrc_path_tx_packets", "Packets (wire segments) sprayed on the path."),
+    "tx_bytes": ("mrc_path_tx_bytes", "Bytes sprayed on the path, encapsulation included."),
+    "rx_packets": ("mrc_path_rx_packets", "MRC packets received on the path."),
+    "rx_bytes": ("mrc_path_rx_bytes", "Bytes received on the path."),
+    "rx_ooo": ("mrc_path_rx_out_of_order_packets", "Packets that arrived with a PSN below the highest seen."),
+    "rx_dup": ("mrc_path_rx_duplicate_packets", "Duplicate packets (by PSN) received on the path."),
+    "probes_tx": ("mrc_path_probes_sent", "EV probes sent on the path."),
+    "probes_rx": ("mrc_path_probes_received", "EV probe replies received on the path."),
+}
+# keys rendered some other way, never as generic gauges
+_HANDLED = set(PATH_COUNTERS) | {"id", "plane", "ev", "remote", "state", "weight", "rtt_us", "srtt_us",
+                                 "evidence_age_ms"}
+_NAME_RE = re.compile(r"[^a-zA-Z0-9_]")
+
+
+def _is_num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+class SnapshotCollector:
+    """A prometheus-client custom collector over one instance's snapshot."""
+
+    def __init__(self, cfg: cfgmod.Config, source=None):
+        from .top import Source
+        self.cfg = cfg
+        self.source = source or Source(cfg)
+        # the HTTP server is threaded; map handles and the event tail are not
+        self._lock = threading.Lock()
+
+    def describe(self):
+        return []      # no registration-time scrape (the instance may not be up yet)
+
+    def collect(self):
+        with self._lock:
+            try:
+                snap = self.source.snapshot()
+                err = None
+            except MrcError as e:
+                snap, err = None, str(e)
+            except Exception as e:  # a scrape must answer (mrc_up 0) rather than fail
+                log.warning("snapshot failed: %s: %s", type(e).__name__, e)
+                self.source.close()
+                snap, err = None, str(e)
+            self.source.events.poll()
+            events = self.source.events.count
+        return list(families(snap, events, err))
+
+
+def families(snap: dict | None, events: int, error: str | None = None):
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+    up = GaugeMetricFamily("mrc_up", "1 if the instance's datapath could be read at scrape time.")
+    up.add_metric([], 0 if snap is None else 1)
+    yield up
+    ev = CounterMetricFamily("mrc_failover_events", "EV state changes recorded in the instance's events log.")
+    ev.add_metric([], events)
+    yield ev
+    if snap is None:
+        return
+    ov = snap.get("overlay", {})
+    info = GaugeMetricFamily("mrc_info", "Instance description (value is always 1).",
+                             labels=["device", "address", "schema"])
+    info.add_metric([str(ov.get("device")), str(ov.get("address")), str(snap.get("schema"))], 1)
+    yield info
+
+    counters = {k: CounterMetricFamily(name, doc, labels=PATH_LABELS) for k, (name, doc) in PATH_COUNTERS.items()}
+    state = GaugeMetricFamily("mrc_path_state", "1 for the path's current state, 0 for the others.",
+                              labels=PATH_LABELS + ["state"])
+    weight = GaugeMetricFamily("mrc_path_weight", "Spraying weight of the path.", labels=PATH_LABELS)
+    rtt = GaugeMetricFamily("mrc_path_rtt_seconds", "Smoothed round-trip time of the path.", labels=PATH_LABELS)
+    age = GaugeMetricFamily("mrc_path_evidence_age_seconds",
+                            "Time since the last evidence that the path delivers.", labels=PATH_LABELS)
+    extra: dict[str, GaugeMetricFamily] = {}
+    for peer in snap.get("peers", []):
+        for p in peer.get("paths", []):
+            labels = [str(peer.get("name")), str(p.get("plane")), str(p.get("ev"))]
+            for key, fam in counters.items():
+                if _is_num(p.get(key)):
+                    fam.add_metric(labels, p[key])
+            cur = str(p.get("state", "UNKNOWN"))
+            for s in STATES + (() if cur in STATES else (cur,)):
+                state.add_metric(labels + [s], 1 if s == cur else 0)
+            if _is_num(p.get("weight")):
+                weight.add_metric(labels, p["weight"])
+            r = p.get("srtt_us") or p.get("rtt_us")
+            if _is_num(r) and r:
+                rtt.add_metric(labels, r / 1e6)
+            if _is_num(p.get("evidence_age_ms")):
+                age.add_metric(labels, p["evidence_age_ms"] / 1e3)
+            # fields added to the snapshot later still reach Prometheus, as gauges
+            _generic(extra, "mrc_path_", "paths[]", PATH_LABELS, labels,
+                     {k: v for k, v in p.items() if k not in _HANDLED})
+    yield from counters.values()
+    yield from (state, weight, rtt, age)
+    yield from extra.values()
+
+    drops = CounterMetricFamily("mrc_drop_packets", "Packets the datapath dropped, by reason.", labels=["reason"])
+    verdicts = CounterMetricFamily("mrc_datapath_verdict_packets",
+                                   "Every datapath verdict counter (drops and probe handling), by reason.",
+                                   labels=["reason"])
+    for reason, n in sorted(snap.get("drops", {}).items()):
+        if not _is_num(n):
+            continue
+        verdicts.add_metric([reason], n)
+        if _is_drop(reason):
+            drops.add_metric([reason], n)
+    yield drops
+    yield verdicts
+    psn = CounterMetricFamily("mrc_peer_tx_psn", "Packet sequence numbers used toward the peer.", labels=["peer"])
+    for peer in snap.get("peers", []):
+        if _is_num(peer.get("tx_psn")):
+            psn.add_metric([str(peer.get("name"))], peer["tx_psn"])
+    yield psn
+    peer_extra: dict[str, GaugeMetricFamily] = {}
+    for peer in snap.get("peers", []):
+        for key, v in peer.items():
+            if isinstance(v, dict):   # e.g. "reorder": the receiver's per-peer accounting
+                _generic(peer_extra, f"mrc_peer_{_NAME_RE.sub('_', key)}_", f"peers[].{key}", ["peer"],
+                         [str(peer.get("name"))], v)
+    yield from peer_extra.values()
+
+
+def _generic(fams: dict, prefix: str, where: str, label_names: list[str], labels: list[str], fields: dict):
+    """Numbers as gauges named after their key; a dict of numbers (a
+    histogram such as {"1": 5, "2-3": 1}) as one gauge with a "bucket" label."""
+    from prometheus_client.core import GaugeMetricFamily
+    for key, v in fields.items():
+        name = prefix + _NAME_RE.sub("_", key)
+        if _is_num(v):
+            fam = fams.get(name)
+            if fam is None:
+                fam = fams[name] = GaugeMetricFamily(name, f"Snapshot field {where}.{key}.", labels=label_names)
+            fam.add_metric(labels, v)
+        elif isinstance(v, dict) and v and all(_is_num(x) for x in v.values()):
+            fam = fams.get(name)
+            if fam is None:
+                fam = fams[name] = GaugeMetricFamily(name, f"Snapshot field {where}.{key}, by bucket.",
+                                                     labels=label_names + ["bucket"])
+            for b, x in v.items():
+                fam.add_metric(labels + [str(b)], x)
+
+
+def _is_drop(label: str) -> bool:
+    from . import wire
+    for r in wire.Reason:
+        if r.label == label:
+            return r.is_drop
+    return "probe" not in label
+
+
+def parse_listen(addr: str) -> tuple[str, int]:
+    try:
+        return cfgmod.parse_listen("--listen", addr)
+    except cfgmod.ConfigError as e:
+        raise InputError(str(e)) from None
+
+
+def serve(cfg: cfgmod.Config, listen: str):
+    """Start the HTTP server in a daemon thread; returns (server, thread)."""
+    from prometheus_client import CollectorRegistry, start_http_server
+    host, port = parse_listen(listen)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(SnapshotCollector(cfg))
+    try:
+        return start_http_server(port, addr=host, registry=registry)
+    except OSError as e:
+        raise MrcError(f"cannot listen on {listen}: {e.strerror or e}") from None
+
+
+def run(cfg: cfgmod.Config, listen: str | None) -> None:
+    """Foreground exporter until SIGTERM/SIGINT."""
+    listen = listen or cfg.metrics_listen or DEFAULT_LISTEN
+    server, thread = serve(cfg, listen)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    print(f"serving http://{listen}/metrics", flush=True)
+    while not stop.wait(1.0):
+        pass
+    server.shutdown()
+    server.server_close()
+
+
+@agentmod.subsystem
+def _agent_exporter(agent: agentmod.Agent) -> None:
+    listen = agent.cfg.metrics_listen
+    if not listen:
+        return
+    try:
+        agent.exporter = serve(agent.cfg, listen)
+        log.info("metrics on http://%s/metrics", listen)
+    except MrcError as e:
+        # probes and events matter more than metrics: keep the agent running
+        log.error("metrics exporter disabled: %s", e)

@@ -1,0 +1,534 @@
+"""Agent subsystem: path health in the control plane.
+
+The datapath judges liveness and recovers paths on its own (bpf/health.h);
+this module feeds it and reports on it:
+
+* EV probes: per path, an MRC PROBE frame out of the path's plane, to the
+  peer's underlay address and MRC port, from the path's EV. The peer's XDP
+  program answers; ours records RTT and evidence and, for an ASSUMED_BAD
+  path, counts consecutive replies until it returns to GOOD. Probes go out of
+  an AF_PACKET socket per plane with prebuilt frames: no UDP socket has to
+  own the EV ports (which overlap the kernel's ephemeral range), and only
+  the probe sequence number and timestamp change per probe. GOOD paths are
+  probed only when data feedback has not refreshed their evidence within a
+  probe interval, so under load probing costs next to nothing.
+* Link events: a netlink monitor; a plane that goes down or loses carrier
+  has its paths forced to ASSUMED_BAD at once; its return resumes probing.
+* EV events: state changes from the ring buffer (datapath) and from the
+  agent itself are appended to events.jsonl in the instance's run dir
+  (rotated at EVENTS_MAX_BYTES, one old file kept); `mrcctl events` reads it.
+* Slot tables: after any state change, each peer's spray table is rebuilt
+  from the GOOD paths, so the datapath stops stepping over dead slots.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import struct
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import agent as agentmod
+from . import config as cfgmod
+from . import wire
+from .libbpf import RingBuffer
+from .state import Instance
+
+log = logging.getLogger("mrc.health")
+
+EVENTS_FILE = "events.jsonl"
+EVENTS_MAX_BYTES = 4 * 1024 * 1024
+HEALTH_FILE = "health.json"
+ETH_P_ALL = 0x0003
+IFF_UP = 0x1
+IFF_LOWER_UP = 0x10000
+RTMGRP_LINK = 0x1
+# GOOD paths whose evidence is stale get probed; this many probes in a row
+# unanswered retire the path from the agent. The datapath cannot see this
+# case: with the reverse stream silent (TCP waiting out an RTO) it has no
+# data evidence to judge by, and a retransmission could keep landing on
+# dead paths while a restored one sits unused.
+PROBE_LOSS = 3
+# ... and only when the path's evidence is this old: under load, probes
+# queue behind data and answer late, while the data feedback is fresh.
+PROBE_STALE_NS = 100_000_000
+
+
+# ------------------------------------------------------------------ event log
+
+def events_path(inst: Instance) -> Path:
+    return inst.run_dir / EVENTS_FILE
+
+
+class EventLog:
+    """Append-only JSON lines, one event per line, rotated by size."""
+
+    def __init__(self, path: Path, max_bytes: int = EVENTS_MAX_BYTES):
+        self.path = path
+        self.max_bytes = max_bytes
+        path.parent.mkdir(parents=True, exist_ok=True)
+
+    def append(self, rec: dict) -> None:
+        line = json.dumps(rec, sort_keys=True) + "\n"
+        try:
+            if self.path.stat().st_size + len(line) > self.max_bytes:
+                os.replace(self.path, self.path.with_suffix(".jsonl.1"))
+        except FileNotFoundError:
+            pass
+        # O_APPEND: the CLI (deny/allow) and the agent may both write
+        with open(self.path, "a") as f:
+            f.write(line)
+
+
+def event_record(cfg: cfgmod.Config, peer_idx: int, path_id: int, old: int, new: int,
+                 reason: str, source: str, ts: float | None = None, age_us: int | None = None) -> dict:
+    peer = cfg.peers[peer_idx] if peer_idx < len(cfg.peers) else None
+    path = peer.paths[path_id] if peer is not None and path_id < len(peer.paths) else None
+    rec = {
+        "time": ts if ts is not None else time.time(),
+        "peer": peer.name if peer else str(peer_idx),
+        "path": path_id,
+        "plane": path.plane.device if path else None,
+        "ev": path.ev if path else None,
+        "old": _state_name(old),
+        "new": _state_name(new),
+        "reason": reason,
+        "source": source,
+    }
+    if age_us is not None:
+        rec["age_us"] = age_us
+    return rec
+
+
+def _state_name(s: int) -> str:
+    try:
+        return wire.PathState(s).name
+    except ValueError:
+        return str(s)
+
+
+def read_events(inst: Instance) -> list[dict]:
+    out = []
+    for p in (events_path(inst).with_suffix(".jsonl.1"), events_path(inst)):
+        try:
+            with open(p) as f:
+                for line in f:
+                    try:
+                        out.append(json.loads(line))
+                    except ValueError:
+                        continue   # a line cut by a crash
+        except FileNotFoundError:
+            continue
+    return out
+
+
+# ------------------------------------------------------------------ slot tables
+
+def rebuild_slots(dp, cfg: cfgmod.Config) -> None:
+    """Spray only over GOOD, not denied paths (their configured weights).
+    With none left, keep every not-denied path: the datapath's min_active
+    fallback then decides, rather than the control plane blacking out."""
+    from .loader import set_slots
+    paths_m, live_m = dp.map("mrc_paths"), dp.map("mrc_live")
+    for peer in cfg.peers:
+        weights, fallback = [], []
+        for path in peer.paths:
+            key = wire.u32(wire.path_idx(peer.index, path.id))
+            p = wire.Path.unpack(paths_m.lookup(key))
+            lv = wire.PathLive.unpack(live_m.lookup(key))
+            denied = p.admin == wire.PathState.DENIED
+            fallback.append(0 if denied else max(p.weight, 0))
+            weights.append(p.weight if not denied and lv.state == wire.PathState.GOOD else 0)
+        if sum(weights) == 0:
+            weights = fallback
+        if sum(weights) == 0:
+            weights = [1] * len(peer.paths)
+        set_slots(dp, peer, weights)
+
+
+# ------------------------------------------------------------------ probes
+
+def _csum(b: bytes) -> int:
+    if len(b) % 2:
+        b += b"\0"
+    s = sum(struct.unpack(f"!{len(b) // 2}H", b))
+    while s >> 16:
+        s = (s & 0xFFFF) + (s >> 16)
+    return ~s & 0xFFFF
+
+
+def probe_frame(path: wire.Path, path_id: int, udp_port: int) -> bytearray:
+    """Ethernet + IP + UDP + MRC PROBE for one path; the MRC header's psn
+    (probe sequence) and tx_ts are patched per probe (PROBE_PSN_OFF/TS_OFF
+    from the end)."""
+    mrc = wire.encode_mrc_hdr(wire.MsgType.PROBE, path_id=path_id)
+    udp = struct.pack("!HHHH", path.ev, udp_port, 8 + len(mrc), 0)
+    if path.family == 4:
+        ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(udp) + len(mrc), 0, 0x4000, 64, 17, 0,
+                         socket.inet_aton(path.saddr), socket.inet_aton(path.daddr))
+        ip = ip[:10] + struct.pack("!H", _csum(ip)) + ip[12:]
+        etype = 0x0800
+    else:
+        ip = struct.pack("!IHBB16s16s", 6 << 28 | (path.ev & 0xFFFFF), len(udp) + len(mrc), 17, 64,
+                         socket.inet_pton(socket.AF_INET6, path.saddr),
+                         socket.inet_pton(socket.AF_INET6, path.daddr))
+        etype = 0x86DD
+    eth = wire.mac_bytes(path.dmac) + wire.mac_bytes(path.smac) + struct.pack("!H", etype)
+    return bytearray(eth + ip + udp + mrc)
+
+
+# offsets of psn and tx_ts inside the MRC header (which ends the frame)
+_PSN_OFF = wire.MRC_HDR_LEN - 4
+_TS_OFF = wire.MRC_HDR_LEN - 8
+
+
+@dataclass
+class ProbePath:
+    peer: int
+    path: int
+    key: bytes
+    plane: str
+    frame: bytearray
+    seq: int = 0
+    sent: int = 0
+
+
+class Prober:
+    def __init__(self, agent: agentmod.Agent):
+        self.agent = agent
+        self.cfg = agent.cfg
+        self.paths: list[ProbePath] = []
+        self.socks: dict[str, socket.socket] = {}
+        self.down: set[str] = set()
+        self.sent = 0
+        self.errors = 0
+        self.interval_ns = int(self.cfg.health.probe_interval_ms * 1e6)
+        self.refresh()
+
+    def refresh(self, _now: float = 0.0) -> None:
+        """(Re)build frames from mrc_paths: MACs may change (neighbours)."""
+        paths_m = self.agent.dp.map("mrc_paths")
+        old = {(p.peer, p.path): p for p in self.paths}
+        out = []
+        for peer in self.cfg.peers:
+            for path in peer.paths:
+                key = wire.u32(wire.path_idx(peer.index, path.id))
+                raw = paths_m.lookup(key)
+                if raw is None:
+                    continue
+                ent = wire.Path.unpack(raw)
+                prev = old.get((peer.index, path.id))
+                if ent.dmac == "00:00:00:00:00:00":
+                    # Neighbour unresolved (the peer's link flapped): keep
+                    # probing the last MAC known. A path out of the spray
+                    # table carries no traffic that would resolve it, and
+                    # the probes are what bring it back.
+                    if prev is not None:
+                        out.append(prev)
+                    continue
+                pp = ProbePath(peer.index, path.id, key, path.plane.device,
+                               probe_frame(ent, path.id, self.cfg.udp_port))
+                if prev is not None:
+                    pp.seq, pp.sent = prev.seq, prev.sent
+                out.append(pp)
+                if path.plane.device not in self.socks:
+                    self._open(path.plane.device)
+        self.paths = out
+
+    def _open(self, dev: str) -> None:
+        s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)   # protocol 0: send only
+        s.bind((dev, 0))
+        s.setblocking(False)
+        self.socks[dev] = s
+
+    def tick(self, _now: float) -> list[ProbePath]:
+        """Send due probes; returns the GOOD paths that left the last
+        PROBE_LOSS probes unanswered."""
+        live_m = self.agent.dp.map("mrc_live")
+        now = time.monotonic_ns()
+        silent = []
+        for pp in self.paths:
+            if pp.plane in self.down:
+                continue
+            raw = live_m.lookup(pp.key)
+            if raw is None:
+                continue
+            lv = wire.PathLive.unpack(raw)
+            # GOOD paths with fresh evidence from data feedback need no probe
+            if lv.state == wire.PathState.GOOD and now - lv.last_ack_ns < self.interval_ns:
+                continue
+            if lv.state == wire.PathState.GOOD and ((pp.seq - lv.probe_seq) & 0xFFFFFFFF) >= PROBE_LOSS \
+                    and pp.sent >= PROBE_LOSS and now - lv.last_ack_ns > PROBE_STALE_NS:
+                silent.append(pp)
+            pp.seq = (pp.seq + 1) & 0xFFFFFFFF
+            f = pp.frame
+            n = len(f)
+            struct.pack_into("!I", f, n - _PSN_OFF, pp.seq)
+            struct.pack_into("!I", f, n - _TS_OFF, (time.monotonic_ns() // 1000) & 0xFFFFFFFF)
+            try:
+                self.socks[pp.plane].send(f)
+                pp.sent += 1
+                self.sent += 1
+            except OSError:
+                self.errors += 1   # plane down / queue full: the sequence gap restarts recovery
+        return silent
+
+    def close(self) -> None:
+        for s in self.socks.values():
+            s.close()
+
+
+# ------------------------------------------------------------------ the subsystem
+
+class Health:
+    def __init__(self, agent: agentmod.Agent):
+        self.agent = agent
+        self.cfg = agent.cfg
+        self.dp = agent.dp
+        self.log = EventLog(events_path(agent.inst))
+        self.prober = Prober(agent)
+        self.dirty = True
+        self.events = 0
+        self.plane_index = {p.device: p.index for p in self.cfg.planes}
+        # monotonic ns -> wall clock, for ring buffer timestamps
+        self.mono_off = time.time() - time.monotonic()
+        self.ring = RingBuffer(self.dp.map("mrc_events"), self._on_ring)
+        agent.add_reader(self.dp.map("mrc_events").fd, self._drain)
+        self._link_setup()
+        agent.add_task("probe", self.cfg.health.probe_interval_ms / 1000, self._probe)
+        agent.add_task("probe-frames", 1.0, self.prober.refresh)
+        agent.add_task("slots", 1.0, self._slots)
+        agent.add_task("health-report", 1.0, self._report)
+
+    def _probe(self, now: float) -> None:
+        silent = self.prober.tick(now)
+        if silent:
+            self._retire_silent(silent)
+
+    def _retire_silent(self, silent: list[ProbePath]) -> None:
+        paths_m, live_m = self.dp.map("mrc_paths"), self.dp.map("mrc_live")
+        now = time.monotonic_ns()
+        by_peer: dict[int, list[ProbePath]] = {}
+        for pp in silent:
+            by_peer.setdefault(pp.peer, []).append(pp)
+        for peer_idx, pps in by_peer.items():
+            peer = self.cfg.peers[peer_idx]
+            good = 0
+            for path in peer.paths:
+                key = wire.u32(wire.path_idx(peer_idx, path.id))
+                if wire.Path.unpack(paths_m.lookup(key)).admin != wire.PathState.DENIED and \
+                        wire.PathLive.unpack(live_m.lookup(key)).state == wire.PathState.GOOD:
+                    good += 1
+            for pp in pps:
+                if good - 1 < max(peer.min_active, 1):
+                    break   # never retire the last usable paths on probe silence alone
+                lv = wire.PathLive.unpack(live_m.lookup(pp.key))
+                if lv.state != wire.PathState.GOOD:
+                    continue
+                lv.state, lv.bad_ns, lv.probe_ok = wire.PathState.ASSUMED_BAD, now, 0
+                live_m.update(pp.key, lv.pack())
+                good -= 1
+                self.log.append(event_record(self.cfg, peer_idx, pp.path, wire.PathState.GOOD,
+                                             wire.PathState.ASSUMED_BAD, "probe_loss", "agent"))
+                self.events += 1
+                self.dirty = True
+        self._slots(0)
+
+    # ---- datapath events
+    def _drain(self) -> None:
+        self.ring.consume()
+        self._slots(0)
+
+    def _on_ring(self, data: bytes) -> None:
+        ev = wire.Event.unpack(data)
+        try:
+            reason = wire.EvReason(ev.reason).label
+        except ValueError:
+            reason = str(ev.reason)
+        self.log.append(event_record(self.cfg, ev.peer, ev.path, ev.old_state, ev.new_state, reason,
+                                     "datapath", ts=ev.ts_ns / 1e9 + self.mono_off, age_us=ev.age_us))
+        self.events += 1
+        self.dirty = True
+
+    def _slots(self, _now: float) -> None:
+        if self.dirty:
+            self.dirty = False
+            rebuild_slots(self.dp, self.cfg)
+
+    # ---- link events
+    def _link_setup(self) -> None:
+        """A raw rtnetlink socket on the link group only wakes us up; the
+        state is then read afresh (pyroute2's own socket buffers messages
+        it has read, which a selector cannot see, and events came late)."""
+        from pyroute2 import IPRoute
+        self.ipr = IPRoute()
+        self.nl = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
+        self.nl.bind((0, RTMGRP_LINK))
+        self.nl.setblocking(False)
+        self.agent.add_reader(self.nl.fileno(), self._on_netlink)
+        self._scan_links(initial=True)
+
+    def _on_netlink(self) -> None:
+        while True:
+            try:
+                if not self.nl.recv(65536):
+                    break
+            except BlockingIOError:
+                break
+            except OSError:   # ENOBUFS: events were lost, the scan below catches up
+                break
+        self._scan_links()
+
+    def _scan_links(self, initial: bool = False) -> None:
+        seen = set()
+        for link in self.ipr.get_links():
+            dev = link.get_attr("IFLA_IFNAME")
+            if dev in self.plane_index:
+                seen.add(dev)
+                self._link_state(dev, link.get("flags", 0), initial)
+        for dev in set(self.plane_index) - seen:   # deleted
+            self._link_state(dev, 0, initial)
+
+    def _link_state(self, dev: str, flags: int, initial: bool = False) -> None:
+        up = bool(flags & IFF_UP) and bool(flags & IFF_LOWER_UP)
+        was_down = dev in self.prober.down
+        if not up and not was_down:
+            self.prober.down.add(dev)
+            self._force_bad(dev)
+        elif up and was_down:
+            self.prober.down.discard(dev)
+            if not initial:
+                self._log_plane(dev, "link_up")
+
+    def _plane_paths(self, dev: str):
+        for peer in self.cfg.peers:
+            for path in peer.paths:
+                if path.plane.device == dev:
+                    yield peer, path
+
+    def _force_bad(self, dev: str) -> None:
+        """A plane went down: its paths go ASSUMED_BAD now. The agent writes
+        the whole live entry; what the datapath wrote in between (an RTT
+        sample) is lost, which costs nothing."""
+        live_m = self.dp.map("mrc_live")
+        now = time.monotonic_ns()
+        for peer, path in self._plane_paths(dev):
+            key = wire.u32(wire.path_idx(peer.index, path.id))
+            lv = wire.PathLive.unpack(live_m.lookup(key))
+            if lv.state == wire.PathState.ASSUMED_BAD:
+                # the datapath got there first; still say why it stays so
+                self.log.append(event_record(self.cfg, peer.index, path.id, lv.state, lv.state,
+                                             "link_down", "agent"))
+                self.events += 1
+                continue
+            old = lv.state
+            lv.state = wire.PathState.ASSUMED_BAD
+            lv.bad_ns, lv.probe_ok = now, 0
+            live_m.update(key, lv.pack())
+            self.log.append(event_record(self.cfg, peer.index, path.id, old, lv.state, "link_down", "agent"))
+            self.events += 1
+        self.dirty = True
+        self._slots(0)
+
+    def _log_plane(self, dev: str, reason: str) -> None:
+        live_m = self.dp.map("mrc_live")
+        for peer, path in self._plane_paths(dev):
+            lv = wire.PathLive.unpack(live_m.lookup(wire.u32(wire.path_idx(peer.index, path.id))))
+            self.log.append(event_record(self.cfg, peer.index, path.id, lv.state, lv.state, reason, "agent"))
+            self.events += 1
+
+    # ---- report
+    def _report(self, _now: float) -> None:
+        t = os.times()
+        rep = {
+            "time": time.time(),
+            "probes_sent": self.prober.sent,
+            "probe_errors": self.prober.errors,
+            "probed_paths": len(self.prober.paths),
+            "planes_down": sorted(self.prober.down),
+            "events": self.events,
+            "cpu_s": round(t.user + t.system, 3),
+            "uptime_s": round(time.monotonic() - self.agent.started, 3),
+        }
+        p = self.agent.inst.run_dir / HEALTH_FILE
+        tmp = p.with_suffix(".tmp")
+        tmp.write_text(json.dumps(rep))
+        os.replace(tmp, p)
+
+
+@agentmod.subsystem
+def setup(agent: agentmod.Agent) -> None:
+    Health(agent)
+
+
+# ------------------------------------------------------------------ operator actions
+
+def parse_path_spec(cfg: cfgmod.Config, spec: str) -> tuple[cfgmod.Peer, list[cfgmod.Path]]:
+    """PEER/ID (path id < 256), PEER/EV (an EV, >= 1024), PEER/PLANE (every
+    path on that plane device), PEER/PLANE/EV, or PEER/all."""
+    parts = spec.split("/")
+    if len(parts) not in (2, 3) or not parts[0]:
+        raise cfgmod.ConfigError(f"{spec!r}: expected PEER/ID, PEER/EV, PEER/PLANE, PEER/PLANE/EV or PEER/all")
+    try:
+        peer = cfg.peer(parts[0])
+    except KeyError:
+        names = ", ".join(p.name for p in cfg.peers)
+        raise cfgmod.ConfigError(f"{spec!r}: no peer {parts[0]!r} (peers: {names})") from None
+    sel = parts[1]
+    if len(parts) == 3:
+        if not parts[2].isdigit():
+            raise cfgmod.ConfigError(f"{spec!r}: EV {parts[2]!r} is not a number")
+        ev = int(parts[2])
+        paths = [p for p in peer.paths if p.plane.device == sel and p.ev == ev]
+    elif sel == "all":
+        paths = list(peer.paths)
+    elif sel.isdigit():
+        n = int(sel)
+        paths = [p for p in peer.paths if (p.id == n if n < wire.MRC_MAX_PATHS else p.ev == n)]
+    else:
+        paths = [p for p in peer.paths if p.plane.device == sel]
+    if not paths:
+        raise cfgmod.ConfigError(f"{spec!r}: matches no path of peer {peer.name} "
+                                 f"(ids 0..{len(peer.paths) - 1}, EVs {peer.paths[0].ev}.."
+                                 f"{peer.paths[-1].ev}, planes {', '.join(peer.underlay)})")
+    return peer, paths
+
+
+def set_admin(cfg: cfgmod.Config, spec: str, deny: bool) -> list[dict]:
+    """Deny or allow paths by hand; returns the events logged (one per
+    path whose admin state changed)."""
+    from .loader import Datapath
+    peer, paths = parse_path_spec(cfg, spec)
+    inst = Instance(cfg.overlay_device)
+    out = []
+    with Datapath(inst) as dp:
+        paths_m, live_m = dp.map("mrc_paths"), dp.map("mrc_live")
+        elog = EventLog(events_path(inst))
+        for path in paths:
+            key = wire.u32(wire.path_idx(peer.index, path.id))
+            ent = wire.Path.unpack(paths_m.lookup(key))
+            lv = wire.PathLive.unpack(live_m.lookup(key))
+            is_denied = ent.admin == wire.PathState.DENIED
+            if is_denied == deny:
+                continue
+            ent.admin = wire.PathState.DENIED if deny else wire.PathState.GOOD
+            paths_m.update(key, ent.pack())
+            old, new = (lv.state, wire.PathState.DENIED) if deny else (wire.PathState.DENIED, lv.state)
+            rec = event_record(cfg, peer.index, path.id, old, new, "denied" if deny else "allowed", "operator")
+            elog.append(rec)
+            out.append(rec)
+        rebuild_slots(dp, cfg)
+    return out
+
+
+def format_event(e: dict) -> str:
+    t = time.strftime("%H:%M:%S", time.localtime(e["time"])) + f".{int(e['time'] * 1000) % 1000:03d}"
+    where = f"{e['peer']}/{e['path']}"
+    if e.get("plane"):
+        where += f" ({e['plane']} ev {e['ev']})"
+    extra = f"  evidence age {e['age_us'] / 1000:.1f} ms" if e.get("reason") == "dead" and "age_us" in e else ""
+    return f"{t}  {where:<24} {e['old']:>11} -> {e['new']:<11} {e['reason']} [{e['source']}]{extra}"

@@ -1,0 +1,39 @@
+"""Agent subsystem: keep each path's destination MAC in step with the kernel.
+
+`up` resolves the peers' underlay MACs once; a peer that re-creates its
+interface (or a routed underlay whose next hop moves) would otherwise keep
+receiving frames for a MAC that no longer exists. Once a second the agent
+dumps the neighbour table and rewrites only the paths whose MAC changed. A
+path whose neighbour is unknown gets the zero MAC, which makes mrc_tx use
+bpf_redirect_neigh so the kernel resolves it.
+"""
+
+from __future__ import annotations
+
+from . import agent as agentmod
+from . import topology, wire
+
+PERIOD_S = 1.0
+
+
+@agentmod.subsystem
+def setup(agent: agentmod.Agent) -> None:
+    nl = topology.Netlink()
+    paths_m = agent.dp.map("mrc_paths")
+
+    def refresh(_now: float) -> None:
+        table = nl.neighbour_table()
+        for peer in agent.cfg.peers:
+            for path in peer.paths:
+                key = wire.u32(wire.path_idx(peer.index, path.id))
+                raw = paths_m.lookup(key)
+                if raw is None:
+                    continue
+                entry = wire.Path.unpack(raw)
+                mac = table.get((entry.ifindex, str(path.remote)))
+                new = wire.mac_str(mac) if mac else "00:00:00:00:00:00"
+                if new != entry.dmac:
+                    entry.dmac = new
+                    paths_m.update(key, entry.pack())
+
+    agent.add_task("neighbours", PERIOD_S, refresh)

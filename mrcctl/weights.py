@@ -1,0 +1,495 @@
+"""Adaptive path weights, the adaptive flowlet gap, and run-time spray mode.
+
+Adaptive weights (``[weights] mode = "adaptive"``): the agent re-weights a
+peer's paths so each plane carries traffic in proportion to what it can
+deliver. Every `interval_ms`, per plane (the EVs of a plane share its
+capacity and weight):
+
+* delivered rate d: what the plane device transmitted (its tx_bytes), i.e.
+  what actually left on that plane;
+* its own queue: where the plane device has a qdisc, its backlog divided by
+  d (exact, and local: MRC's planes are NICs, the first hop is the usual
+  bottleneck); otherwise, or when larger, the queueing delay seen by the
+  peer's feedback echoes: RTT minus the path's base (minimum) RTT, fresh
+  echoes only (mrc_path_delay, bpf/reorder.h), averaged over the plane's
+  paths, less the smallest such delay of any plane (delay that every plane
+  shares, e.g. a busy CPU, is no plane's own queue);
+* capacity estimate c: a plane with a queue of its own (> 1.5 ms) is
+  saturated and delivers what it can, so c follows d (an EWMA over the
+  saturated intervals, since TCP's sawtooth drains a queue now and then; a
+  full queue delivering under 70 % of c is a rate drop, taken at once); a
+  plane without a queue for 3 intervals in a row can take more, so c grows
+  10 % per interval (probing) until it saturates too. A plane too lightly
+  used to be measured counts as without a queue, so it cannot starve.
+
+The weights move half way to the capacity shares c / sum(c) per interval,
+and the slot table is rewritten only when they moved by 2.4 % in total:
+every rewrite moves traffic between queues, and that reorders packets. When
+no plane has a queue of its own (all have room, e.g. the CPU is the limit)
+nothing changes: there is nothing to learn and moving weight only reorders.
+While a peer is idle (too little traffic to measure) nothing changes either.
+A plane whose rate drops mid-stream saturates at once and its share falls
+within a few intervals (tests/integration/test_aggregation.py: 30-100 ms of
+traffic); one whose rate rises stops queueing and probes up.
+
+Why not steer by delay alone: the queue of a plane given more than its rate
+fills within milliseconds (it integrates the rate error), so delay is an
+on/off signal, and a controller acting on its size oscillated (measured
+here), and echo delay also grows with a busy receiver CPU, which says
+nothing about the plane. Delay (or backlog) says *whether* a plane is
+saturated; the delivered rate says by how much.
+
+Updates go through loader.set_slots: the idle slot table is written, then
+the peer flips to it, so the datapath never sees a half-written table.
+
+Adaptive flowlet gap (``peer.flowlet_gap_us`` absent or 0): the gap must
+exceed the delay difference between paths, or a flowlet's first packet on a
+new path overtakes its last on the old one. The agent sets it to
+1.5 x (largest - smallest RTT of the usable paths, from fresh echoes) + 100 µs,
+within 100 µs..100 ms.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+
+from . import agent as agentmod
+from . import config as cfgmod
+from . import wire
+
+log = logging.getLogger("mrc.weights")
+
+SCALE = 1000            # integer weights sum to this (<= MRC_SLOTS, so n = 1000 slots)
+Q_SAT_US = 1500.0       # standing queue: the plane is saturated
+PROBE = 0.10            # growth per interval of an unsaturated plane's capacity estimate
+PROBE_AFTER = 3         # ... after this many intervals in a row without a queue
+SAT_GAIN = 0.35         # capacity estimate of a saturated plane: EWMA of its delivered rate
+EWMA = 0.3              # smoothing of the per-interval rates
+SMOOTH = 0.5            # weights move this fraction of the way to the new shares per interval:
+                        # every change of weights reorders packets between planes, so jitter costs
+WRITE_MIN = 24          # rewrite the slot table when weights moved by >= 24/1000 in total:
+                        # each rewrite moves traffic between queues, i.e. reorders
+IDLE_BPS = 1_000_000    # below this many bytes/s toward a peer: do not re-weight
+MIN_RTT_WINDOW_S = 10.0  # base RTT = minimum over the last 10-20 s
+GAP_PERIOD_S = 0.1
+USABLE_TTL_S = 0.1
+BACKLOG_TTL_S = 0.03
+GAP_MIN_US, GAP_MAX_US = 100, 100_000
+
+
+@dataclass
+class _PeerState:
+    groups: list[list[int]]              # path ids per plane
+    devices: list[str]                   # plane device per group
+    w: list[float]                       # weight per plane (the last shares)
+    c: list[float | None]                # capacity estimate per plane (bytes/s)
+    d: list[float | None]                # smoothed delivered rate per plane
+    idle: list[int]                      # intervals in a row without a standing queue
+    min_rtt: list[float]                 # per path: current window's minimum RTT (µs)
+    min_prev: list[float]                # previous window's minimum
+    window_start: float = 0.0
+    last_tx: list[int] = field(default_factory=list)
+    last_dev: list[int | None] = field(default_factory=list)
+    last_samples: list[int] = field(default_factory=list)
+    last_t: float = 0.0
+    written: list[int] = field(default_factory=list)
+    updates: int = 0
+
+
+def quantize(shares: list[float], usable: list[bool], total: int = SCALE) -> list[int]:
+    """Integer weights summing to `total`, proportional to shares (largest
+    remainder), every usable path at least 1 so it keeps being measured."""
+    s = sum(x for x, u in zip(shares, usable) if u) or 1.0
+    raw = [(x / s * total if u else 0.0) for x, u in zip(shares, usable)]
+    out = [max(1, int(r)) if u else 0 for r, u in zip(raw, usable)]
+    rem = total - sum(out)
+    order = sorted(range(len(raw)), key=lambda i: raw[i] - int(raw[i]), reverse=True)
+    i = 0
+    while rem > 0 and order:
+        j = order[i % len(order)]
+        if usable[j]:
+            out[j] += 1
+            rem -= 1
+        i += 1
+        if i > 10 * len(order) and rem > 0:
+            break
+    while rem < 0:
+        j = max(range(len(out)), key=lambda k: out[k])
+        out[j] -= 1
+        rem += 1
+    return out
+
+
+def step_capacity(c: list[float | None], d: list[float], q_us: list[float | None],
+                  sent: list[int], usable: list[bool], idle: list[int],
+                  offered: list[float] | None = None) -> list[float | None]:
+    """One control step (pure, unit-tested): new capacity estimates per
+    plane from delivered rates d (bytes/s), queueing delays q (None: no
+    fresh sample) and bytes sent on each plane this interval. `idle` counts,
+    per plane, consecutive intervals without a standing queue (updated in
+    place). `offered` (bytes/s handed to the plane) tells a saturated plane
+    from a queue draining because the sender backed off: the delay echoes
+    lag by the queue's own length, so only a plane still offered at least
+    what it delivers gives a capacity reading."""
+    out = list(c)
+    offered = offered or d
+    for i in range(len(c)):
+        if not usable[i]:
+            continue
+        if q_us[i] is not None and q_us[i] > Q_SAT_US and d[i] > 0 and offered[i] < 0.9 * d[i]:
+            idle[i] = 0       # draining, not measuring: keep the estimate
+        elif q_us[i] is not None and q_us[i] > Q_SAT_US and d[i] > 0:
+            # saturated: it delivers what it can; averaged over the
+            # saturated intervals (TCP's sawtooth drains a queue now and then)
+            idle[i] = 0
+            if not c[i] or d[i] < 0.7 * c[i]:
+                out[i] = d[i]       # a full queue delivering far less: the rate fell
+            else:
+                out[i] = c[i] + SAT_GAIN * (d[i] - c[i])
+        elif q_us[i] is not None or sent[i] == 0:
+            idle[i] += 1
+            base = max(c[i] or 0.0, d[i])
+            if base <= 0:
+                base = max([x for x in d if x > 0] or [1.0])
+            # room left: probe up, once the queue has stayed away for a while
+            # (a dip of the sawtooth is not spare capacity)
+            out[i] = base * (1 + PROBE) if idle[i] >= PROBE_AFTER else base
+        # sending without a fresh sample: no news, keep the estimate
+    # never let the probing run away from what is actually delivered
+    top = max(d) if d else 0.0
+    if top > 0:
+        out = [None if x is None else min(x, 4 * top) for x in out]
+    return out
+
+
+def shares(c: list[float | None], usable: list[bool], min_weight: float) -> list[float]:
+    """Capacity shares of the usable planes, each at least min_weight of an equal share."""
+    idx = [i for i, u in enumerate(usable) if u and c[i]]
+    out = [0.0] * len(c)
+    if not idx:
+        return out
+    tot = sum(c[i] for i in idx)
+    for i in idx:
+        out[i] = max(c[i] / tot, min_weight / len(idx))
+    s = sum(out)
+    return [x / s for x in out]
+
+
+class Controller:
+    """Adaptive weights for every peer of one instance (runs in the agent)."""
+
+    def __init__(self, cfg: cfgmod.Config, dp, trace: str | None = None):
+        self.cfg, self.dp = cfg, dp
+        # MRC_WEIGHTS_TRACE=FILE: one JSON line per control step (benchmarks, debugging)
+        self.trace = open(trace, "a", buffering=1) if trace else None
+        self.peers: dict[int, _PeerState] = {}
+        self.ipr = None
+        self.usable: dict[int, tuple[float, list[bool]]] = {}
+        self.backlog_cache: tuple[float, dict[int, int]] | None = None
+        self.gaps: dict[int, int] = {}
+
+    def _state(self, peer: cfgmod.Peer, now: float) -> _PeerState:
+        st = self.peers.get(peer.index)
+        if st is None:
+            planes: dict[int, list[int]] = {}
+            devs: dict[int, str] = {}
+            for p in peer.paths:
+                planes.setdefault(p.plane.index, []).append(p.id)
+                devs[p.plane.index] = p.plane.device
+            groups = list(planes.values())
+            w = [float(sum(max(peer.paths[i].weight, 0) for i in g)) for g in groups]
+            tot = sum(w) or 1.0
+            n, k = len(peer.paths), len(groups)
+            st = _PeerState(groups=groups, devices=[devs[i] for i in planes], w=[x / tot for x in w],
+                            c=[None] * k, d=[None] * k, idle=[0] * k, min_rtt=[math.inf] * n,
+                            min_prev=[math.inf] * n, window_start=now)
+            self.peers[peer.index] = st
+        return st
+
+    def _backlogs(self, now: float) -> dict[int, int]:
+        """Root qdisc backlog (bytes) per ifindex: the local queue of a plane.
+        A netlink dump parsed by pyroute2 costs milliseconds of CPU, which
+        the datapath on this 2-core machine misses (measured: adaptive mode
+        lost a third of its goodput reading it every 10 ms), so it is read
+        at most every BACKLOG_TTL_S."""
+        if self.backlog_cache and now - self.backlog_cache[0] < BACKLOG_TTL_S:
+            return self.backlog_cache[1]
+        out = self._dump_backlogs()
+        self.backlog_cache = (now, out)
+        return out
+
+    def _dump_backlogs(self) -> dict[int, int]:
+        try:
+            if self.ipr is None:
+                from pyroute2 import IPRoute
+                self.ipr = IPRoute()
+            out = {}
+            for q in self.ipr.get_qdiscs():
+                if q["parent"] != 0xFFFFFFFF:
+                    continue
+                st2 = q.get_attr("TCA_STATS2")
+                qs = st2.get_attr("TCA_STATS_QUEUE") if st2 else None
+                if qs is not None:
+                    out[q["index"]] = qs["backlog"]
+            return out
+        except Exception:   # no netlink here: fall back to the delay signal
+            return {}
+
+    @staticmethod
+    def _ifindex(dev: str) -> int | None:
+        import socket
+        try:
+            return socket.if_nametoindex(dev)
+        except OSError:
+            return None
+
+    @staticmethod
+    def _dev_tx(dev: str) -> int | None:
+        try:
+            with open(f"/sys/class/net/{dev}/statistics/tx_bytes") as f:
+                return int(f.read())
+        except (OSError, ValueError):
+            return None
+
+    def _usable(self, peer: cfgmod.Peer, now: float) -> list[bool]:
+        """Which paths the datapath may use; path states change rarely, so
+        this is re-read every USABLE_TTL_S, not every interval (the agent
+        shares two CPUs with the datapath it steers)."""
+        hit = self.usable.get(peer.index)
+        if hit and now - hit[0] < USABLE_TTL_S:
+            return hit[1]
+        live_m, paths_m = self.dp.map("mrc_live"), self.dp.map("mrc_paths")
+        out = []
+        for p in peer.paths:
+            key = wire.u32(wire.path_idx(peer.index, p.id))
+            live = wire.PathLive.unpack(live_m.lookup(key))
+            path = wire.Path.unpack(paths_m.lookup(key))
+            out.append(path.admin != wire.PathState.DENIED and live.state == wire.PathState.GOOD
+                       and path.ifindex != 0)
+        self.usable[peer.index] = (now, out)
+        return out
+
+    def read(self, peer: cfgmod.Peer, now: float = 0.0):
+        stats_m, delay_m = self.dp.map("mrc_path_stats"), self.dp.map("mrc_path_delay")
+        delays, tx = [], []
+        for p in peer.paths:
+            key = wire.u32(wire.path_idx(peer.index, p.id))
+            delays.append(wire.PathDelay.unpack(delay_m.lookup(key)))
+            tx.append(sum(int.from_bytes(v[8:16], sys.byteorder) for v in stats_m.lookup_percpu(key)))
+        return delays, self._usable(peer, now), tx
+
+    def step(self, now: float) -> None:
+        from .loader import set_slots
+        for peer in self.cfg.peers:
+            st = self._state(peer, now)
+            delays, usable, tx = self.read(peer, now)
+            dev = [self._dev_tx(d) for d in st.devices]
+            n = len(peer.paths)
+            samples = [d.samples for d in delays]
+            if not st.last_tx or now <= st.last_t:
+                st.last_tx, st.last_dev, st.last_samples, st.last_t = tx, dev, samples, now
+                continue
+            dt = now - st.last_t
+            if now - st.window_start > MIN_RTT_WINDOW_S:
+                st.min_prev, st.min_rtt, st.window_start = st.min_rtt, [math.inf] * n, now
+            sent = [max(0, a - b) for a, b in zip(tx, st.last_tx)]
+            busy = sum(sent) / dt >= IDLE_BPS
+            # queueing delay per path, from fresh echoes only
+            qp: list[float | None] = [None] * n
+            for i, d in enumerate(delays):
+                if samples[i] != st.last_samples[i] and d.ewma_us:
+                    st.min_rtt[i] = min(st.min_rtt[i], d.rtt_us or d.ewma_us)
+                    qp[i] = max(0.0, d.ewma_us - min(st.min_rtt[i], st.min_prev[i]))
+            # per plane: the paths of a plane share its queue and its rate
+            q: list[float | None] = []
+            g_sent, g_usable, g_d = [], [], []
+            for k, g in enumerate(st.groups):
+                fresh = [qp[i] for i in g if qp[i] is not None]
+                q.append(sum(fresh) / len(fresh) if fresh else None)
+                g_sent.append(sum(sent[i] for i in g))
+                g_usable.append(any(usable[i] for i in g))
+                if dev[k] is not None and st.last_dev[k] is not None:
+                    rate = max(0, dev[k] - st.last_dev[k]) / dt
+                else:
+                    rate = g_sent[k] / dt
+                st.d[k] = rate if st.d[k] is None else EWMA * rate + (1 - EWMA) * st.d[k]
+                g_d.append(st.d[k])
+            st.last_tx, st.last_dev, st.last_samples, st.last_t = tx, dev, samples, now
+            if not busy:
+                continue
+            # A queue of its own: delay beyond the least-delayed plane's. Delay
+            # all planes share (a busy CPU, a common bottleneck) says nothing
+            # about one plane, and reading it as saturation would lock a
+            # plane at whatever share it has (measured: one starved to 2 %).
+            fresh_q = [x for x in q if x is not None]
+            low = min(fresh_q) if len(fresh_q) > 1 else 0.0
+            q_own = [None if x is None else x - low for x in q]
+            # The plane's own qdisc, where it has one, tells its local queue
+            # exactly (backlog / delivered rate); the echoes only tell about
+            # the bottlenecks beyond it.
+            backlog = self._backlogs(now) if any(x is not None and x > Q_SAT_US for x in q_own) \
+                or (self.backlog_cache and any(self.backlog_cache[1].values())) else {}
+            for k, devname in enumerate(st.devices):
+                idx = self._ifindex(devname)
+                if idx in backlog and g_d[k] > 0:
+                    local = backlog[idx] / g_d[k] * 1e6
+                    q_own[k] = local if local > Q_SAT_US or q_own[k] is None else min(q_own[k], local)
+            if not any(x is not None and x > Q_SAT_US for x in q_own):
+                # No plane has a queue of its own: every one has room, there
+                # is nothing to learn, and moving weight would only reorder.
+                continue
+            st.c = step_capacity(st.c, g_d, q_own, g_sent, g_usable, st.idle, [x / dt for x in g_sent])
+            w = shares(st.c, g_usable, self.cfg.weights.min_weight)
+            if not any(w):
+                continue
+            st.w = [o + SMOOTH * (x - o) if u else 0.0 for o, x, u in zip(st.w, w, g_usable)]
+            if self.trace:
+                self.trace.write(json.dumps({
+                    "t": round(now, 4), "peer": peer.name,
+                    "q": [None if x is None else round(x) for x in q],
+                    "d_mbit": [round(x * 8e-6, 1) for x in g_d],
+                    "c_mbit": [None if x is None else round(x * 8e-6, 1) for x in st.c],
+                    "w": [round(x, 4) for x in st.w]}) + "\n")
+            per_path = [0.0] * n
+            for g, wg in zip(st.groups, st.w):
+                live_ids = [i for i in g if usable[i]] or g
+                for i in live_ids:
+                    per_path[i] = wg / len(live_ids)
+            ints = quantize(per_path, [x > 0 for x in per_path])
+            if not st.written or sum(abs(a - b) for a, b in zip(ints, st.written)) >= WRITE_MIN:
+                set_slots(self.dp, peer, ints)
+                st.written = ints
+                st.updates += 1
+
+    def gap_step(self, now: float) -> None:
+        peers_m, delay_m = self.dp.map("mrc_peers"), self.dp.map("mrc_path_delay")
+        for peer in self.cfg.peers:
+            if peer.flowlet_gap_us:
+                continue
+            srtts = []
+            usable = self._usable(peer, now)
+            for p, ok in zip(peer.paths, usable):
+                d = wire.PathDelay.unpack(delay_m.lookup(wire.u32(wire.path_idx(peer.index, p.id))))
+                # fresh-echo RTTs only (a re-echoed old timestamp measures idleness)
+                if d.samples and d.ewma_us and ok:
+                    srtts.append(d.ewma_us)
+            if len(srtts) < 2:
+                continue
+            gap = int(min(GAP_MAX_US, max(GAP_MIN_US, 1.5 * (max(srtts) - min(srtts)) + 100)))
+            old = self.gaps.get(peer.index)
+            if old is not None and abs(gap - old) <= 0.25 * old:
+                continue
+            raw = peers_m.lookup(wire.u32(peer.index))
+            if not raw:
+                continue
+            ent = wire.Peer.unpack(raw)
+            if ent.flowlet_gap_us not in (0, old):
+                # set by the operator (`mrcctl spray --gap-us N`), or by an
+                # earlier agent: left alone until `--gap-us 0` hands it back
+                continue
+            ent.flowlet_gap_us = gap
+            peers_m.update(wire.u32(peer.index), ent.pack())
+            self.gaps[peer.index] = gap
+
+
+@agentmod.subsystem
+def _setup(agent: agentmod.Agent) -> None:
+    ctl = Controller(agent.cfg, agent.dp, os.environ.get("MRC_WEIGHTS_TRACE"))
+    if agent.cfg.weights.mode == "adaptive":
+        agent.add_task("weights", agent.cfg.weights.interval_ms / 1000.0, ctl.step)
+    if any(not p.flowlet_gap_us for p in agent.cfg.peers):
+        agent.add_task("flowlet-gap", GAP_PERIOD_S, ctl.gap_step)
+
+
+# ---------------------------------------------------------------- helpers for the CLI and tests
+
+def slot_weights(dp, peer: cfgmod.Peer) -> list[int]:
+    """Slots per path in the peer's live slot table (what the datapath uses)."""
+    raw = dp.map("mrc_peers").lookup(wire.u32(peer.index))
+    table = wire.Peer.unpack(raw).table if raw else 0
+    slots = wire.Slots.unpack(dp.map("mrc_slots").lookup(wire.u32(wire.slots_idx(peer.index, table))))
+    counts = [0] * len(peer.paths)
+    for s in slots.slot[:slots.n]:
+        if s < len(counts):
+            counts[s] += 1
+    return counts
+
+
+def set_spray(dp, peer: cfgmod.Peer, mode: str, gap_us: int | None = None) -> wire.Peer:
+    """Switch a running peer's spray mode (and optionally the flowlet gap).
+
+    The agent rewrites the same map value when it flips slot tables, so the
+    write is verified and repeated if a flip raced it."""
+    key = wire.u32(peer.index)
+    for _ in range(5):
+        raw = dp.map("mrc_peers").lookup(key)
+        if not raw or not wire.Peer.unpack(raw).n_paths:
+            from .errors import MrcError
+            raise MrcError(f"peer {peer.name}: not in the running datapath; run `mrcctl up`")
+        ent = wire.Peer.unpack(raw)
+        ent.spray_mode = wire.SprayMode[mode.upper()]
+        if gap_us is not None:
+            ent.flowlet_gap_us = gap_us
+        dp.map("mrc_peers").update(key, ent.pack())
+        time.sleep(0.03)
+        now = wire.Peer.unpack(dp.map("mrc_peers").lookup(key))
+        if now.spray_mode == ent.spray_mode and (gap_us is None or now.flowlet_gap_us == gap_us):
+            return now
+    return now
+
+
+def sample(cfg: cfgmod.Config, seconds: float, interval_ms: float, out: str) -> None:
+    """Record each peer's per-plane slot shares every interval_ms for
+    `seconds` (monotonic timestamps), for tests and benchmarks that time
+    how fast the weights move."""
+    from .loader import Datapath
+    from .state import Instance
+    rows = []
+    with Datapath(Instance(cfg.overlay_device)) as dp:
+        stats_m = dp.map("mrc_path_stats")
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            t = time.monotonic()
+            for peer in cfg.peers:
+                counts = slot_weights(dp, peer)
+                total = sum(counts) or 1
+                planes: dict[str, float] = {}
+                tx: dict[str, int] = {}
+                for p, c in zip(peer.paths, counts):
+                    planes[p.plane.device] = planes.get(p.plane.device, 0.0) + c / total
+                    key = wire.u32(wire.path_idx(peer.index, p.id))
+                    tx[p.plane.device] = tx.get(p.plane.device, 0) + sum(
+                        int.from_bytes(v[8:16], sys.byteorder) for v in stats_m.lookup_percpu(key))
+                rows.append({"t": t, "peer": peer.name, "shares": planes, "tx_bytes": tx})
+            time.sleep(max(0.0, interval_ms / 1000.0 - (time.monotonic() - t)))
+    with open(out, "w") as f:
+        json.dump(rows, f)
+
+
+def main(argv=None) -> int:
+    """python3 -m mrcctl.weights sample -c FILE --seconds S --interval-ms MS --out F"""
+    import argparse
+    ap = argparse.ArgumentParser(prog="mrcctl.weights")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("sample")
+    s.add_argument("-c", "--config", required=True)
+    s.add_argument("--seconds", type=float, default=5)
+    s.add_argument("--interval-ms", type=float, default=2)
+    s.add_argument("--out", required=True)
+    s.add_argument("--ready-file")
+    a = ap.parse_args(argv)
+    cfg = cfgmod.load(a.config)
+    if a.ready_file:
+        open(a.ready_file, "w").close()
+    sample(cfg, a.seconds, a.interval_ms, a.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

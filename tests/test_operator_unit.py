@@ -1,0 +1,209 @@
+"""Operator tools without root: frame layout at every terminal size, number
+formats, the events tail, the Prometheus families, [metrics] validation."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from mrcctl import config, render
+from mrcctl.top import EventTail, View, build_frame, compute_rates, fold
+
+BASE = """
+[overlay]
+address = "172.31.0.1/24"
+[[plane]]
+device = "p0h1"
+[[peer]]
+name = "h1"
+overlay = "172.31.0.2"
+[peer.underlay]
+p0h1 = "10.200.0.2"
+"""
+
+
+def snap(scale: int, peers=("h1",), planes=4, evs=4, bad_plane=1) -> dict:
+    out = []
+    for name in peers:
+        paths = []
+        for i in range(planes * evs):
+            paths.append({"id": i, "plane": f"p{i // evs}h1", "ev": 49152 + i,
+                          "state": "ASSUMED_BAD" if i // evs == bad_plane else "GOOD", "weight": 1,
+                          "tx_packets": 1000 * scale * (i + 1), "tx_bytes": 1_400_000 * scale * (i + 1),
+                          "rx_packets": 500 * scale, "rx_bytes": 700_000 * scale, "rx_ooo": 3 * scale,
+                          "srtt_us": 120 + i})
+        out.append({"name": name, "overlay": "172.31.0.2", "paths": paths,
+                    "reorder": {"ooo_ratio": 0.01, "loss_ratio": 0.0}})
+    return {"schema": 1, "overlay": {"device": "mrc0", "address": "172.31.0.1/24"}, "peers": out,
+            "drops": {"rx_unknown_peer": 2, "rx_probe_reply": 9}}
+
+
+def frame(width, height, folded=False, peers=("h1",), events=()):
+    prev, cur = snap(1, peers), snap(2, peers)
+    paths = compute_rates(prev, cur, 1.0)
+    view = View(folded=folded)
+    view.history.extend([1e6, 2e6, 4e6])
+    return [t.plain for t in build_frame(cur, paths, list(events), view, width, height)]
+
+
+@pytest.mark.parametrize("w,h", [(100, 30), (80, 24), (80, 20), (60, 12), (40, 8), (200, 60), (20, 5)])
+def test_frame_fits_every_size(w, h):
+    lines = frame(w, h)
+    assert len(lines) <= h
+    assert all(len(ln) <= w for ln in lines), [ln for ln in lines if len(ln) > w]
+    assert lines[0].startswith("mrc top")
+
+
+def test_frame_80x24_shows_every_path_and_folds_when_short():
+    lines = frame(80, 24)
+    assert lines[2].split()[0] == "path"
+    rows = [ln for ln in lines if ln.strip().split(" ")[0].isdigit()]
+    assert len(rows) == 16 and all(("GOOD" in r) or ("ASSUMED_BAD" in r) for r in rows)
+    assert "q quit" in lines[-1]
+    short = frame(80, 14)
+    assert short[2].split()[0] == "plane"
+    assert [ln.split()[0] for ln in short[3:7]] == ["p0h1", "p1h1", "p2h1", "p3h1"]
+    assert "ASSUMED_BAD" in short[4]
+
+
+def test_fold_sums_rates_and_summarises_states():
+    paths = compute_rates(snap(1), snap(2), 0.5)
+    rows = fold(paths)
+    assert len(rows) == 4
+    p0 = rows[0][0]
+    assert p0.tx_Bps == pytest.approx(sum(p.tx_Bps for p in paths if p.plane == "p0h1"))
+    assert rows[1][0].state == "ASSUMED_BAD"
+    mixed = snap(2)
+    mixed["peers"][0]["paths"][0]["state"] = "DENIED"
+    assert fold(compute_rates(snap(1), mixed, 1))[0][0].state == "MIXED 3/4"
+    # rates over the measured interval: 1000 packets of path 0 in 0.5 s
+    assert paths[0].tx_pps == pytest.approx(2000)
+    assert abs(sum(p.share for p in paths) - 1) < 1e-9
+
+
+def test_missing_fields_render_as_dashes():
+    bare = {"peers": [{"name": "h1", "paths": [{"id": 0, "plane": "p0", "ev": 1, "state": "GOOD"}]}]}
+    paths = compute_rates(bare, bare, 1)
+    lines = [t.plain for t in build_frame(bare, paths, [], View(), 80, 24)]
+    row = next(ln for ln in lines if ln.strip().startswith("0 "))
+    assert "-" in row and "GOOD" in row
+
+
+def test_multi_peer_gets_a_peer_column():
+    lines = frame(100, 60, peers=("h1", "h2"))
+    assert lines[2].split()[0] == "peer"
+
+
+def test_event_lines(tmp_path):
+    f = tmp_path / "events.jsonl"
+    tail = EventTail(f)
+    tail.poll()                       # no file yet: no events, no error
+    assert tail.count == 0
+    ev = {"time": 1_700_000_000.25, "peer": "h1", "path": 5, "plane": "p1h1", "ev": 49157,
+          "old": "GOOD", "new": "ASSUMED_BAD", "reason": "dead", "source": "datapath"}
+    f.write_text(json.dumps(ev) + "\n" + json.dumps({**ev, "old": "ASSUMED_BAD", "new": "GOOD"}) + "\n")
+    tail.poll()
+    assert tail.count == 2 and tail.recent[-1]["new"] == "GOOD"
+    with open(f, "a") as fh:
+        fh.write('{"time": 1, "peer"')       # half a line: not counted yet
+    tail.poll()
+    assert tail.count == 2
+    with open(f, "a") as fh:
+        fh.write(': "h1", "old": "GOOD", "new": "DENIED"}\n')
+    tail.poll()
+    assert tail.count == 3 and tail.recent[-1]["new"] == "DENIED"
+    # rotation: the count goes on
+    os.replace(f, tmp_path / "events.jsonl.1")
+    f.write_text(json.dumps(ev) + "\n")
+    tail.poll()
+    assert tail.count == 4
+    lines = frame(100, 30, events=list(tail.recent))
+    assert any("p1h1/49157" in ln and "GOOD→ASSUMED_BAD" in ln for ln in lines)
+
+
+def test_compact_numbers():
+    assert render.si(0) == "0" and render.si(999) == "999" and render.si(4_300_000) == "4.3M"
+    assert render.si(12_345) == "12.3k" and render.si(123_456_789) == "123M"
+    assert render.bitrate(125_000_000) == "1.0G"
+    assert render.duration_us(1500) == "1.5ms" and render.duration_us(None) == "-"
+    assert render.percent(0.0123) == "1.2%" and render.percent(None) == "-"
+
+
+def test_status_table_fits_80_columns():
+    from rich.console import Console
+    console = Console(width=80, record=True, force_terminal=False)
+    s = snap(123456)
+    s.update(planes=[{"device": "p0h1", "weight": 1}], overlay={"device": "mrc0", "address": "a", "mtu": 1444,
+                                                                "udp_port": 4794})
+    for p in s["peers"][0]["paths"]:
+        p["tx_bytes"] *= 1000
+    render.print_status(s, console)
+    text = console.export_text()
+    assert all(len(ln) <= 80 for ln in text.splitlines())
+    assert "…" not in text                           # nothing squeezed
+    assert "ASSUMED_BAD" in text and "1.7G" in text
+
+
+def test_exporter_families_from_a_snapshot():
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+    from prometheus_client.registry import CollectorRegistry
+
+    from mrcctl.exporter import families
+    s = snap(3)
+    s["peers"][0]["paths"][0]["rx_ooo_hist"] = {"1": 4, "2-3": 1}
+
+    class C:
+        def collect(self):
+            return list(families(s, 7))
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(C())
+    fams = {f.name: f for f in text_string_to_metric_families(generate_latest(reg).decode())}
+    assert fams["mrc_failover_events"].samples[0].value == 7
+    tx = fams["mrc_path_tx_packets"]
+    assert tx.type == "counter" and len(tx.samples) == 16
+    assert {s.labels["ev"] for s in tx.samples} == {str(49152 + i) for i in range(16)}
+    assert set(tx.samples[0].labels) == {"peer", "plane", "ev"}
+    state = [x for x in fams["mrc_path_state"].samples if x.labels["ev"] == "49156" and x.value == 1]
+    assert [x.labels["state"] for x in state] == ["ASSUMED_BAD"]
+    drops = {x.labels["reason"] for x in fams["mrc_drop_packets"].samples}
+    assert drops == {"rx_unknown_peer"}      # probe handling is not a drop
+    assert fams["mrc_path_rtt_seconds"].samples[0].value == pytest.approx(120e-6)
+    assert {x.labels["bucket"] for x in fams["mrc_path_rx_ooo_hist"].samples} == {"1", "2-3"}
+    assert fams["mrc_peer_reorder_ooo_ratio"].samples[0].value == 0.01
+    down = {f.name: f for f in text_string_to_metric_families(
+        generate_latest(_reg(lambda: families(None, 0))).decode())}
+    assert down["mrc_up"].samples[0].value == 0
+
+
+def _reg(fn):
+    from prometheus_client.registry import CollectorRegistry
+
+    class C:
+        def collect(self):
+            return list(fn())
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(C())
+    return reg
+
+
+def test_metrics_config():
+    assert config.parse(BASE).metrics_listen is None
+    assert config.parse(BASE + '[metrics]\nlisten = "127.0.0.1:9477"\n').metrics_listen == "127.0.0.1:9477"
+    assert config.parse(BASE + '[metrics]\nlisten = "[::1]:9477"\n').metrics_listen == "[::1]:9477"
+    for bad, msg in (('listen = "9477"', "HOST:PORT"), ('listen = "1.2.3.4:0"', "HOST:PORT"),
+                     ('listen = 9477', "string"), ('port = 1', "unknown key")):
+        with pytest.raises(config.ConfigError, match=msg):
+            config.parse(BASE + f"[metrics]\n{bad}\n")
+
+
+def test_demo_needs_root(monkeypatch, capsys):
+    from mrcctl import cli
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(SystemExit) as e:
+        cli.main(["demo", "--duration", "5"])
+    assert e.value.code == 1
+    err = capsys.readouterr().err
+    assert "needs root" in err and len(err.strip().splitlines()) == 1

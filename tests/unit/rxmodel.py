@@ -1,0 +1,248 @@
+"""A Python reference model of the mrc datapath parsers, independent of the C.
+
+`RxModel.verdict(frame)` says what `mrc_rx` must do with a frame: pass it
+untouched, drop it under one reason, turn a probe around (XDP_TX, with the
+reply's exact bytes), or decapsulate it (XDP_PASS, with the inner packet's
+exact bytes). `TxModel.verdict(frame)` says whether `mrc_tx` encapsulates
+(TC_ACT_REDIRECT) or drops (TC_ACT_SHOT) and why. The fuzz and hostile-packet
+tests run every frame through both the model and the real program and insist
+on the same answer, so the model is written from the documented rules in
+bpf/rx.bpf.c and docs/hostile-input.md, not from the code's structure.
+
+What the model deliberately leaves out is state that is not the parser's:
+duplicate suppression (issue 3's PSN window) and reordering accounting. The
+fuzzer keeps those out of the way by giving every frame the model decapsulates
+a fresh, increasing wire PSN (`data_psn_index` tells how the program derives
+it).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+
+from mrcctl import wire
+
+XDP_ABORTED, XDP_DROP, XDP_PASS, XDP_TX = 0, 1, 2, 3
+TC_ACT_SHOT, TC_ACT_REDIRECT = 2, 7
+
+ETH_HLEN = 14
+ETH_P_IP = 0x0800
+ETH_P_IPV6 = 0x86DD
+IPPROTO_TCP = 6
+IPPROTO_UDP = 17
+IPV6_FRAGMENT = 44
+UDP_HLEN = 8
+MRC_HDR = wire.MRC_HDR_LEN
+
+R = wire.Reason
+
+
+@dataclass(frozen=True)
+class Verdict:
+    action: int                      # XDP_* or TC_ACT_*
+    reason: R | None = None          # the mrc_drops counter that moves (at most one)
+    out: bytes | None = None         # exact output bytes when the model knows them
+    mrc_off: int | None = None       # offset of the MRC header (MRC frames the program judged)
+    family: int | None = None        # tx: family of the outer header written
+
+    def __str__(self) -> str:
+        return str(self.action) + (f"/{self.reason.label}" if self.reason is not None else "")
+
+
+def _csum(data: bytes) -> int:
+    if len(data) % 2:
+        data += b"\0"
+    s = sum(struct.unpack(f"!{len(data) // 2}H", data))
+    while s >> 16:
+        s = (s & 0xFFFF) + (s >> 16)
+    return (~s) & 0xFFFF
+
+
+def _u16(b: bytes, off: int) -> int:
+    return (b[off] << 8) | b[off + 1]
+
+
+def _u32(b: bytes, off: int) -> int:
+    return struct.unpack_from("!I", b, off)[0]
+
+
+@dataclass
+class RxModel:
+    """The receive side's configuration, as the program sees it in its maps.
+
+    rx_peers: (ingress ifindex, family, 16-byte address) -> peer index;
+    n_paths: peer index -> paths (0 = free entry).
+    """
+    udp_port: int = wire.MRC_DEFAULT_UDP_PORT
+    rx_peers: dict = field(default_factory=dict)
+    n_paths: dict = field(default_factory=dict)
+
+    def add_source(self, addr: str, peer: int, ifindex: int = 1) -> None:
+        fam = wire.family_of(addr)
+        self.rx_peers[(ifindex, fam, wire.addr_bytes(addr, fam).ljust(16, b"\0"))] = peer
+
+    # ------------------------------------------------------------------ rx
+    def verdict(self, f: bytes, ingress: int = 1) -> Verdict:
+        n = len(f)
+        PASS = Verdict(XDP_PASS, None, f)
+        if n < ETH_HLEN:
+            return PASS
+        ethertype = _u16(f, 12)
+        port = self.udp_port or wire.MRC_DEFAULT_UDP_PORT
+        if ethertype == ETH_P_IP:
+            if n < ETH_HLEN + 20:
+                return PASS
+            ver, ihl = f[14] >> 4, f[14] & 0x0F
+            if ver != 4 or f[14 + 9] != IPPROTO_UDP or ihl < 5:
+                return PASS
+            frag = _u16(f, 14 + 6)
+            if frag & 0x1FFF:                     # non-first fragment: no ports to judge
+                return PASS
+            uoff = ETH_HLEN + ihl * 4
+            if uoff + UDP_HLEN > n:
+                return PASS
+            sport, dport = _u16(f, uoff), _u16(f, uoff + 2)
+            reply_only = dport != port
+            if reply_only and sport != port:
+                return PASS
+            if ihl != 5:
+                return PASS if reply_only else Verdict(XDP_DROP, R.RX_IP_OPTIONS)
+            if frag & 0x2000:
+                return PASS if reply_only else Verdict(XDP_DROP, R.RX_FRAGMENT)
+            family, src = 4, f[26:30].ljust(16, b"\0")
+            l3_len, ip_len = 20, _u16(f, 16)
+        elif ethertype == ETH_P_IPV6:
+            if n < ETH_HLEN + 40 or f[14] >> 4 != 6:
+                return PASS
+            nh = f[14 + 6]
+            if nh == IPV6_FRAGMENT:
+                if n < 54 + 8:
+                    return PASS
+                if f[54] != IPPROTO_UDP or _u16(f, 56) & 0xFFF8:
+                    return PASS
+                if n < 62 + UDP_HLEN or _u16(f, 62 + 2) != port:
+                    return PASS
+                return Verdict(XDP_DROP, R.RX_FRAGMENT)
+            if nh != IPPROTO_UDP:
+                return PASS
+            uoff = 54
+            if uoff + UDP_HLEN > n:
+                return PASS
+            sport, dport = _u16(f, uoff), _u16(f, uoff + 2)
+            reply_only = dport != port
+            if reply_only and sport != port:
+                return PASS
+            family, src = 6, f[22:38]
+            l3_len, ip_len = 40, 40 + _u16(f, 18)
+        else:
+            return PASS                            # ARP, VLAN tags, everything else
+
+        def refuse(reason: R) -> Verdict:
+            return PASS if reply_only else Verdict(XDP_DROP, reason)
+
+        peer = self.rx_peers.get((ingress, family, src))
+        if peer is None or peer >= wire.MRC_MAX_PEERS or not self.n_paths.get(peer, 0):
+            return refuse(R.RX_UNKNOWN_PEER)
+        n_paths = self.n_paths[peer]
+
+        moff = uoff + UDP_HLEN
+        udp_len = _u16(f, uoff + 4)
+        if (moff + MRC_HDR > n or ip_len < l3_len + UDP_HLEN + MRC_HDR or n < ETH_HLEN + ip_len
+                or udp_len < UDP_HLEN + MRC_HDR or udp_len > ip_len - l3_len):
+            return refuse(R.RX_TRUNCATED)
+        if f[moff] >> 4 != wire.MRC_VERSION:
+            return refuse(R.RX_BAD_VERSION)
+        mtype = f[moff] & 0x0F
+        if reply_only and mtype != wire.MsgType.PROBE_REPLY:
+            return PASS
+        if mtype == wire.MsgType.PROBE:
+            return Verdict(XDP_TX, R.RX_PROBE_REPLIED, self._probe_reply(f, family, uoff, moff), moff)
+        if mtype not in (wire.MsgType.DATA, wire.MsgType.PROBE_REPLY):
+            return Verdict(XDP_DROP, R.RX_BAD_TYPE, None, moff)
+        if _u16(f, moff + 2) >= n_paths:
+            return Verdict(XDP_DROP, R.RX_UNKNOWN_PATH, None, moff)
+        if mtype == wire.MsgType.PROBE_REPLY:
+            return Verdict(XDP_DROP, R.RX_PROBE_REPLY, None, moff)
+        ioff = moff + MRC_HDR
+        if ioff + 20 > n or f[ioff] >> 4 != 4 or f[ioff] & 0x0F < 5:
+            return Verdict(XDP_DROP, R.RX_BAD_INNER, None, moff)
+        # Decapsulated: the outer MACs, ethertype IPv4, then everything
+        # after the MRC header (Ethernet padding included).
+        return Verdict(XDP_PASS, None, f[0:12] + b"\x08\x00" + f[ioff:], moff)
+
+    @staticmethod
+    def _probe_reply(f: bytes, family: int, uoff: int, moff: int) -> bytes:
+        o = bytearray(f)
+        o[0:6], o[6:12] = f[6:12], f[0:6]
+        if family == 4:
+            o[26:30], o[30:34] = f[30:34], f[26:30]
+            o[14 + 8] = 64
+            o[24:26] = b"\0\0"
+            o[24:26] = struct.pack("!H", _csum(bytes(o[14:34])))
+        else:
+            o[22:38], o[38:54] = f[38:54], f[22:38]
+            o[14 + 7] = 64
+        o[uoff:uoff + 2], o[uoff + 2:uoff + 4] = f[uoff + 2:uoff + 4], f[uoff:uoff + 2]
+        o[uoff + 6:uoff + 8] = b"\0\0"
+        o[moff] = (wire.MRC_VERSION << 4) | wire.MsgType.PROBE_REPLY
+        return bytes(o)
+
+
+def data_psn_index(f: bytes, moff: int) -> int:
+    """Segment index i the receiver adds to the header's PSN for this DATA
+    frame: (inner TCP seq - seq0) / seg_size when the unit has several
+    segments and the inner packet is TCP with its sequence number present,
+    and i < segs; else 0."""
+    segs, seg_size = _u16(f, moff + 12), _u16(f, moff + 14)
+    ioff = moff + MRC_HDR
+    if segs <= 1 or seg_size == 0 or f[ioff + 9] != IPPROTO_TCP:
+        return 0
+    toff = ioff + (f[ioff] & 0x0F) * 4
+    if toff + 8 > len(f):
+        return 0
+    i = ((_u32(f, toff + 4) - _u32(f, moff + 16)) & 0xFFFFFFFF) // seg_size
+    return i if i < segs else 0
+
+
+def with_wire_psn(f: bytes, moff: int, psn: int) -> bytes:
+    """The same DATA frame rewritten so that its derived wire PSN is `psn`."""
+    o = bytearray(f)
+    struct.pack_into("!I", o, moff + 4, (psn - data_psn_index(f, moff)) & 0xFFFFFFFF)
+    return bytes(o)
+
+
+# ---------------------------------------------------------------------- tx
+
+@dataclass
+class TxModel:
+    """The transmit side: overlay IPv4 destination -> (peer, family of the path
+    its slot table picks first). Every configured peer has a usable path."""
+    peers: dict = field(default_factory=dict)      # 4-byte daddr -> outer family
+
+    def add_peer(self, overlay: str, family: int) -> None:
+        self.peers[wire.ipv4_key(overlay)] = family
+
+    @staticmethod
+    def test_run_refuses(f: bytes) -> bool:
+        """BPF_PROG_TEST_RUN for skb programs rejects (EINVAL) an IPv4 or
+        IPv6 frame shorter than its fixed IP header, before the program
+        runs; the stack never hands such a frame to tc either."""
+        et = _u16(f, 12) if len(f) >= ETH_HLEN else 0
+        return (et == ETH_P_IP and len(f) < ETH_HLEN + 20) or (et == ETH_P_IPV6 and len(f) < ETH_HLEN + 40)
+
+    def verdict(self, f: bytes) -> Verdict:
+        n = len(f)
+        if n < ETH_HLEN + 20 or _u16(f, 12) != ETH_P_IP:
+            return Verdict(TC_ACT_SHOT, R.TX_NOT_IPV4)
+        ver, ihl = f[14] >> 4, f[14] & 0x0F
+        if ver != 4 or ihl < 5 or ETH_HLEN + ihl * 4 > n:
+            return Verdict(TC_ACT_SHOT, R.TX_NOT_IPV4)
+        fam = self.peers.get(f[30:34])
+        if fam is None:
+            return Verdict(TC_ACT_SHOT, R.TX_NO_PEER)
+        return Verdict(TC_ACT_REDIRECT, family=fam)
+
+
+def overhead(family: int) -> int:
+    return wire.MRC_OVERHEAD_V4 if family == 4 else wire.MRC_OVERHEAD_V6

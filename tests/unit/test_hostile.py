@@ -1,0 +1,363 @@
+"""Hostile frames against mrc_rx and mrc_tx (BPF_PROG_TEST_RUN): each class
+gets the verdict documented in docs/hostile-input.md and moves exactly one
+mrc_drops counter (or none, for frames that are not mrc's).
+
+Every expectation is also checked against the reference model (rxmodel), so
+the table in the document, the model and the program cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+
+import pytest
+
+import rxmodel
+import unit_pkt as pkt
+from fuzzgen import (EMPTY_PEER_SRC, OTHER_PLANE_SRC, OUR_MAC, PEER_MAC, configure)
+from mrcctl import wire
+from unit_dp import (LO_IFINDEX, LOCAL_OVERLAY, OVL_DMAC, OVL_SMAC, PATHS, PEER, PEER_OVERLAY,
+                     TC_ACT_REDIRECT, TC_ACT_SHOT, UDP_PORT, XDP_DROP, XDP_PASS, XDP_TX, now_us)
+
+R = wire.Reason
+V4_SRC, V4_DST = PATHS[0].daddr, PATHS[0].saddr
+V6_SRC, V6_DST = PATHS[1].daddr, PATHS[1].saddr
+
+
+@pytest.fixture
+def hd(dp):
+    rx, tx = configure(dp)
+    dp.rxm, dp.txm = rx, tx
+    return dp
+
+
+def inner_tcp(seq: int = 1000, n: int = 200) -> bytes:
+    return pkt.ipv4(PEER_OVERLAY, LOCAL_OVERLAY, pkt.IPPROTO_TCP, pkt.tcp(5201, 40001, seq, b"p" * n))
+
+
+def frame(family: int = 4, *, src: str | None = None, inner: bytes | None = None, sport: int = 49152,
+          dport: int = UDP_PORT, hdr: bytes | None = None, ip_kw: dict | None = None,
+          udp_len: int | None = None, **hdr_kw) -> bytes:
+    inner = inner_tcp() if inner is None else inner
+    hdr = wire.encode_mrc_hdr(**hdr_kw) if hdr is None else hdr
+    payload = pkt.udp(sport, dport, hdr + inner, length=udp_len)
+    if family == 4:
+        return pkt.eth(OUR_MAC, PEER_MAC, pkt.ETH_P_IP) + pkt.ipv4(
+            src or V4_SRC, V4_DST, pkt.IPPROTO_UDP, payload, **(ip_kw or {}))
+    return pkt.eth(OUR_MAC, PEER_MAC, pkt.ETH_P_IPV6) + pkt.ipv6(
+        src or V6_SRC, V6_DST, pkt.IPPROTO_UDP, payload, **(ip_kw or {}))
+
+
+_psn = [1000]
+
+
+def fresh(**kw) -> dict:
+    """A new PSN per accepted DATA frame: duplicate suppression is tested on
+    its own below."""
+    _psn[0] += 1
+    kw.setdefault("psn", _psn[0])
+    return kw
+
+
+def delta(before: dict, after: dict) -> dict:
+    return {r: after[r] - before[r] for r in R if after[r] != before[r]}
+
+
+def rx(dp, f: bytes, verdict: int, reason: R | None, ingress: int | None = None) -> bytes:
+    model = dp.rxm.verdict(f, ingress or LO_IFINDEX)
+    assert (model.action, model.reason) == (verdict, reason), f"model disagrees: {model}"
+    before = dp.drops()
+    ret, out = dp.run_rx(f, ingress)
+    assert ret == verdict, f"expected {verdict} ({reason}), got {ret}"
+    assert delta(before, dp.drops()) == ({reason: 1} if reason is not None else {})
+    if model.out is not None:
+        assert out == model.out
+    return out
+
+
+def untouched(dp, f: bytes) -> None:
+    assert rx(dp, f, XDP_PASS, None) == f
+
+
+# ------------------------------------------------------------------ sources
+
+def test_only_configured_peers_are_accepted(hd):
+    out = rx(hd, frame(**fresh()), XDP_PASS, None)
+    assert out[14:] == inner_tcp()
+    rx(hd, frame(6, **fresh()), XDP_PASS, None)
+    for src in ("203.0.113.9", "192.0.2.3", "0.0.0.0", "255.255.255.255", "127.0.0.1", V4_DST):
+        if src == V4_DST:
+            continue                           # our own address on lo is configured in unit_dp
+        rx(hd, frame(src=src, **fresh()), XDP_DROP, R.RX_UNKNOWN_PEER)
+    for src in ("fd00:99::2", "::", "::1", "fe80::1", "ff02::1"):
+        rx(hd, frame(6, src=src, **fresh()), XDP_DROP, R.RX_UNKNOWN_PEER)
+
+
+def test_known_source_on_the_wrong_plane_is_spoofed(hd, veth):
+    """Each source is accepted on its own plane device only."""
+    hd.add_rx_peer(OTHER_PLANE_SRC, ifindex=veth)
+    hd.rxm.add_source(OTHER_PLANE_SRC, PEER, ifindex=veth)
+    f = frame(src=OTHER_PLANE_SRC, **fresh())
+    rx(hd, f, XDP_DROP, R.RX_UNKNOWN_PEER)                       # arrives on lo
+    assert rx(hd, frame(src=OTHER_PLANE_SRC, **fresh()), XDP_PASS, None, ingress=veth)[14:] == inner_tcp()
+    rx(hd, frame(**fresh()), XDP_DROP, R.RX_UNKNOWN_PEER, ingress=veth)   # a lo source on the veth
+
+
+def test_removed_peer_is_refused(hd):
+    rx(hd, frame(src=EMPTY_PEER_SRC, **fresh()), XDP_DROP, R.RX_UNKNOWN_PEER)
+
+
+def test_family_mismatch_is_spoofed(hd):
+    """An IPv4-mapped IPv6 source is not the IPv4 peer."""
+    rx(hd, frame(6, src=f"::ffff:{V4_SRC}", **fresh()), XDP_DROP, R.RX_UNKNOWN_PEER)
+
+
+def test_probes_from_strangers_are_not_answered(hd):
+    """No reflection: only configured peers get a reply, and the reply is
+    never bigger than the probe."""
+    probe = dict(type=wire.MsgType.PROBE, inner=b"", tx_ts=1234, path_id=5)
+    rx(hd, frame(src="203.0.113.9", **probe), XDP_DROP, R.RX_UNKNOWN_PEER)
+    rx(hd, frame(src=OTHER_PLANE_SRC, **probe), XDP_DROP, R.RX_UNKNOWN_PEER)
+    for fam in (4, 6):
+        f = frame(fam, **probe)
+        out = rx(hd, f, XDP_TX, R.RX_PROBE_REPLIED)
+        assert len(out) == len(f)
+
+
+def test_forged_probe_replies_and_feedback_do_not_revive_paths(hd):
+    """Replies from strangers pass as someone else's traffic; a reply or an
+    echo dated in the future (a forged RTT) is ignored as evidence."""
+    reply = dict(type=wire.MsgType.PROBE_REPLY, inner=b"", sport=UDP_PORT, dport=49153, path_id=1)
+    untouched(hd, frame(src="203.0.113.9", tx_ts=now_us(), **reply))
+    assert hd.live(1).last_ack_ns == 0
+    rx(hd, frame(tx_ts=now_us() + 1_000_000, **reply), XDP_DROP, R.RX_PROBE_REPLY)
+    rx(hd, frame(flags=wire.MRC_F_FEEDBACK, fb_path=2, fb_ts=now_us() + 1_000_000, **fresh()), XDP_PASS, None)
+    assert hd.live(1).last_ack_ns == 0 and hd.live(2).last_ack_ns == 0
+    # and a genuine one is taken
+    rx(hd, frame(tx_ts=now_us() - 100, **reply), XDP_DROP, R.RX_PROBE_REPLY)
+    assert hd.live(1).last_ack_ns > 0
+
+
+# ------------------------------------------------------------------ malformed
+
+@pytest.mark.parametrize("family", [4, 6])
+def test_truncated_anywhere_in_the_mrc_header(hd, family):
+    f = frame(family, **fresh())
+    l3 = 20 if family == 4 else 40
+    # cut inside the UDP header: too short to tell whose it is
+    for cut in range(14 + l3, 14 + l3 + 8):
+        untouched(hd, f[:cut])
+    # UDP header to the MRC port present: ours, cut short -> truncated
+    for cut in range(14 + l3 + 8, 14 + l3 + 8 + wire.MRC_HDR_LEN + 1, 3):
+        rx(hd, f[:cut], XDP_DROP, R.RX_TRUNCATED)
+
+
+@pytest.mark.parametrize("family", [4, 6])
+def test_lengths_that_lie(hd, family):
+    f = frame(family, **fresh())
+    l3 = 20 if family == 4 else 40
+    ulen_off = 14 + l3 + 4
+    n_ip = len(f) - 14
+    iplen_off, iplen = (16, n_ip) if family == 4 else (18, n_ip - 40)
+
+    def patched(off, value):
+        b = bytearray(f)
+        struct.pack_into("!H", b, off, value & 0xFFFF)
+        return bytes(b)
+    rx(hd, patched(iplen_off, iplen + 1), XDP_DROP, R.RX_TRUNCATED)      # IP claims more than the frame
+    rx(hd, patched(iplen_off, 0xFFFF), XDP_DROP, R.RX_TRUNCATED)
+    rx(hd, patched(iplen_off, l3 + 8 + 27 - (l3 if family == 6 else 0)), XDP_DROP, R.RX_TRUNCATED)
+    rx(hd, patched(ulen_off, len(f) - 14 - l3 + 1), XDP_DROP, R.RX_TRUNCATED)  # UDP beyond IP
+    rx(hd, patched(ulen_off, 8 + 27), XDP_DROP, R.RX_TRUNCATED)               # no room for MRC
+    rx(hd, patched(ulen_off, 0), XDP_DROP, R.RX_TRUNCATED)
+
+
+def test_inner_packet_cut_or_not_ipv4(hd):
+    rx(hd, frame(inner=b"", **fresh()), XDP_DROP, R.RX_BAD_INNER)
+    rx(hd, frame(inner=inner_tcp()[:19], **fresh()), XDP_DROP, R.RX_BAD_INNER)
+    rx(hd, frame(inner=pkt.ipv6("fd99::2", "fd99::1", 17, pkt.udp(1, 2, b"x" * 30)), **fresh()),
+       XDP_DROP, R.RX_BAD_INNER)
+    bad_ihl = bytearray(inner_tcp())
+    bad_ihl[0] = 0x44
+    rx(hd, frame(inner=bytes(bad_ihl), **fresh()), XDP_DROP, R.RX_BAD_INNER)
+
+
+@pytest.mark.parametrize("version", [0, 2, 3, 15])
+def test_wrong_version(hd, version):
+    rx(hd, frame(version=version, **fresh()), XDP_DROP, R.RX_BAD_VERSION)
+    rx(hd, frame(6, version=version, type=wire.MsgType.PROBE, inner=b""), XDP_DROP, R.RX_BAD_VERSION)
+
+
+def test_unknown_type_and_path(hd):
+    for t in (3, 7, 15):
+        rx(hd, frame(type=t, **fresh()), XDP_DROP, R.RX_BAD_TYPE)
+    for p in (len(PATHS), 255, 256, 0xFFFF):
+        rx(hd, frame(path_id=p, **fresh()), XDP_DROP, R.RX_UNKNOWN_PATH)
+
+
+def test_ip_fragments(hd):
+    """A first fragment to the MRC port is dropped (mrc never fragments, and
+    without it the datagram never reassembles); later fragments carry no
+    ports and pass to the stack, which discards them at reassembly."""
+    rx(hd, frame(ip_kw={"df": False, "mf": True}, **fresh()), XDP_DROP, R.RX_FRAGMENT)
+    later = frame(ip_kw={"df": False, "frag_off": 185}, **fresh())
+    untouched(hd, later)
+    body = pkt.udp(49153, UDP_PORT, wire.encode_mrc_hdr(**fresh()) + inner_tcp())
+    e6 = pkt.eth(OUR_MAC, PEER_MAC, pkt.ETH_P_IPV6)
+    first6 = e6 + pkt.ipv6(V6_SRC, V6_DST, pkt.IPV6_FRAGMENT, pkt.ip6_frag(pkt.IPPROTO_UDP) + body)
+    rx(hd, first6, XDP_DROP, R.RX_FRAGMENT)
+    whole6 = e6 + pkt.ipv6(V6_SRC, V6_DST, pkt.IPV6_FRAGMENT, pkt.ip6_frag(pkt.IPPROTO_UDP, more=False) + body)
+    rx(hd, whole6, XDP_DROP, R.RX_FRAGMENT)                      # atomic fragment: still not ours to take
+    later6 = e6 + pkt.ipv6(V6_SRC, V6_DST, pkt.IPV6_FRAGMENT, pkt.ip6_frag(pkt.IPPROTO_UDP, offset=20) + body)
+    untouched(hd, later6)
+
+
+@pytest.mark.parametrize("words", [1, 2, 10])
+def test_ip_options(hd, words):
+    opts = (b"\x94\x04\x00\x00" + b"\x01" * 4 * (words - 1))[:4 * words]
+    rx(hd, frame(ip_kw={"options": opts}, **fresh()), XDP_DROP, R.RX_IP_OPTIONS)
+    # options on a frame that only comes *from* the MRC port: not ours
+    untouched(hd, frame(ip_kw={"options": opts}, sport=UDP_PORT, dport=40000, type=wire.MsgType.PROBE_REPLY,
+                        inner=b""))
+
+
+@pytest.mark.parametrize("tags", [[pkt.ETH_P_8021Q], [0x88A8, pkt.ETH_P_8021Q]], ids=["802.1Q", "QinQ"])
+def test_vlan_tagged_frames_are_not_ours(hd, tags):
+    """mrc never sends tagged frames: a tagged frame belongs to a VLAN
+    device, not to the plane, and goes to the stack untouched."""
+    f = frame(**fresh())
+    tagged = f[:12] + b"".join(struct.pack("!HH", t, 100) for t in tags) + f[12:]
+    untouched(hd, tagged)
+
+
+def test_oversized_frames(hd):
+    """Ethernet padding beyond the IP length is kept behind the inner packet
+    (the stack trims to the inner IP length); a jumbo frame as large as XDP
+    takes is decapsulated byte for byte."""
+    f = frame(**fresh()) + bytes(200)
+    assert rx(hd, f, XDP_PASS, None)[14:14 + len(inner_tcp())] == inner_tcp()
+    big = inner_tcp(n=3300)
+    f = frame(inner=big, **fresh())
+    assert len(f) > 3400
+    assert rx(hd, f, XDP_PASS, None)[14:] == big
+
+
+def test_garbage_segment_fields_keep_the_psn_in_the_unit(hd):
+    """segs/seg_size/seq0 are the sender's word: a segment index beyond the
+    unit is ignored, so a hostile header cannot move the receiver's PSN
+    window by more than the unit it claims."""
+    base = _psn[0] + 100
+    _psn[0] += 200
+    f = frame(psn=base, segs=4, seg_size=1, seq0=0, inner=inner_tcp(seq=0x7FFFFFFF))
+    rx(hd, f, XDP_PASS, None)
+    assert rxmodel.data_psn_index(f, 14 + 20 + 8) == 0
+
+
+# ------------------------------------------------------------------ replay
+
+def test_replayed_hedge_copy_is_dropped_in_window(hd):
+    """The second copy of a hedged packet (MRC_F_HEDGE) inside the dedup
+    window is dropped and counted; a replay of plain DATA is delivered (the
+    inner TCP discards it) and counted as a duplicate in the path stats."""
+    if not hasattr(wire, "MRC_DEDUP_WORDS"):
+        pytest.skip("no duplicate window in this datapath (issue 3)")
+    psn = _psn[0] + 10
+    _psn[0] += 20
+    f = frame(psn=psn, flags=wire.MRC_F_HEDGE)
+    rx(hd, f, XDP_PASS, None)
+    for _ in range(3):
+        before = hd.drops()
+        ret, _ = hd.run_rx(f)
+        assert ret == XDP_DROP
+        assert delta(before, hd.drops()) == {R.RX_DUPLICATE: 1}
+    plain = frame(psn=psn + 1)
+    rx(hd, plain, XDP_PASS, None)
+    dup0 = hd.stats(0).rx_dup
+    rx(hd, plain, XDP_PASS, None)
+    assert hd.stats(0).rx_dup == dup0 + 1
+
+
+def test_replay_older_than_the_window(hd):
+    """A hedged copy older than the dedup window cannot be told from a
+    first copy: it is delivered (TCP discards the stale segment) and counted
+    late in the path stats."""
+    if not hasattr(wire, "MRC_DEDUP_WORDS"):
+        pytest.skip("no duplicate window in this datapath (issue 3)")
+    window = wire.MRC_DEDUP_WORDS * 32
+    psn = _psn[0] + 10
+    old = frame(psn=psn, flags=wire.MRC_F_HEDGE)
+    rx(hd, old, XDP_PASS, None)
+    newer = psn + window        # same dedup word, one window later
+    rx(hd, frame(psn=newer, flags=wire.MRC_F_HEDGE), XDP_PASS, None)
+    _psn[0] = newer + 10
+    late0 = hd.stats(0).rx_late
+    rx(hd, old, XDP_PASS, None)
+    assert hd.stats(0).rx_late == late0 + 1
+
+
+# ------------------------------------------------------------------ transmit side
+
+def overlay(dst: str = PEER_OVERLAY, ethertype: int = pkt.ETH_P_IP, body: bytes | None = None) -> bytes:
+    if body is None:
+        body = pkt.ipv4(LOCAL_OVERLAY, dst, pkt.IPPROTO_UDP, pkt.udp(40000, 5201, b"u" * 64))
+    return pkt.eth(OVL_DMAC, OVL_SMAC, ethertype) + body
+
+
+def tx(dp, f: bytes, verdict: int, reason: R | None) -> bytes:
+    model = dp.txm.verdict(f)
+    assert (model.action, model.reason) == (verdict, reason)
+    before = dp.drops()
+    ret, out = dp.run_tx(f)
+    assert ret == verdict
+    assert delta(before, dp.drops()) == ({reason: 1} if reason is not None else {})
+    return out
+
+
+def test_tx_refuses_what_it_cannot_carry(hd):
+    tx(hd, overlay(), TC_ACT_REDIRECT, None)
+    tx(hd, overlay("10.99.0.77"), TC_ACT_SHOT, R.TX_NO_PEER)
+    tx(hd, overlay("255.255.255.255"), TC_ACT_SHOT, R.TX_NO_PEER)
+    tx(hd, overlay(ethertype=pkt.ETH_P_IPV6, body=pkt.ipv6("fd31::1", "fd31::2", 17, pkt.udp(1, 2, b"x" * 8))),
+       TC_ACT_SHOT, R.TX_NOT_IPV4)
+    tx(hd, pkt.eth("ff:ff:ff:ff:ff:ff", OVL_SMAC, pkt.ETH_P_ARP) + bytes(28), TC_ACT_SHOT, R.TX_NOT_IPV4)
+    tx(hd, pkt.vlan(OVL_DMAC, OVL_SMAC, 5, pkt.ETH_P_IP) + overlay()[14:], TC_ACT_SHOT, R.TX_NOT_IPV4)
+    bad = bytearray(overlay())
+    bad[14] = 0x43                                            # IHL 3
+    tx(hd, bytes(bad), TC_ACT_SHOT, R.TX_NOT_IPV4)
+    bad[14] = 0x4F                                            # IHL 15 beyond the frame
+    tx(hd, bytes(bad[:14 + 40]), TC_ACT_SHOT, R.TX_NOT_IPV4)
+
+
+def test_tx_peer_without_usable_path(hd):
+    hd.set_paths([wire.replace(p, admin=wire.PathState.DENIED) for p in PATHS])
+    before = hd.drops()
+    ret, _ = hd.run_tx(overlay())
+    assert ret == TC_ACT_SHOT
+    assert delta(before, hd.drops()) == {R.TX_NO_PATH: 1}
+    hd.set_peer(PEER, n_paths=0, overlay=PEER_OVERLAY)
+    before = hd.drops()
+    ret, _ = hd.run_tx(overlay())
+    assert ret == TC_ACT_SHOT
+    assert delta(before, hd.drops()) == {R.TX_NO_PEER: 1}
+
+
+def test_no_crash_on_every_prefix_of_valid_frames(hd):
+    """Every truncation of every seed, both programs: the verdict the model
+    gives, never an abort."""
+    seeds = [frame(**fresh()), frame(6, **fresh()), frame(type=wire.MsgType.PROBE, inner=b""),
+             frame(6, type=wire.MsgType.PROBE_REPLY, inner=b"", sport=UDP_PORT, dport=49153)]
+    t0 = time.monotonic()
+    for s in seeds:
+        for cut in range(14, len(s) + 1):
+            f = s[:cut]
+            v = hd.rxm.verdict(f)
+            if v.action == XDP_PASS and v.mrc_off is not None:
+                _psn[0] += 1
+                f = rxmodel.with_wire_psn(f, v.mrc_off, _psn[0])
+                v = hd.rxm.verdict(f)
+            ret, out = hd.run_rx(f)
+            assert ret == v.action, (cut, v)
+            if v.out is not None:
+                assert out == v.out
+    assert time.monotonic() - t0 < 30

@@ -1,0 +1,199 @@
+"""Receiver reorder/loss accounting (bpf/reorder.h) through BPF_PROG_TEST_RUN:
+crafted PSN sequences into mrc_rx give exact counters and histogram buckets."""
+
+from __future__ import annotations
+
+import pytest
+
+import unit_pkt as pkt
+from unit_dp import LOCAL_OVERLAY, PATHS, PEER, PEER_OVERLAY, UDP_PORT, XDP_PASS
+from mrcctl import wire
+
+OUR_MAC = "02:00:00:00:01:01"
+PEER_MAC = "02:00:00:00:01:02"
+
+
+def frame(psn: int, path: int = 0, *, segs: int = 1, seg_size: int = 0, seq0: int = 0,
+          seq: int = 0) -> bytes:
+    """A DATA frame from the peer on plane 0 (IPv4) carrying one TCP segment."""
+    inner = pkt.ipv4(PEER_OVERLAY, LOCAL_OVERLAY, pkt.IPPROTO_TCP,
+                     pkt.tcp(5201, 40001, seq, b"d" * 100))
+    hdr = wire.encode_mrc_hdr(path_id=path, psn=psn, segs=segs, seg_size=seg_size, seq0=seq0)
+    return pkt.eth(OUR_MAC, PEER_MAC, pkt.ETH_P_IP) + pkt.ipv4(
+        PATHS[0].daddr, PATHS[0].saddr, pkt.IPPROTO_UDP, pkt.udp(49152, UDP_PORT, hdr + inner))
+
+
+def feed(dp, psns, path: int = 0):
+    for p in psns:
+        if isinstance(p, tuple):
+            p, path_ = p
+        else:
+            path_ = path
+        ret, _ = dp.run_rx(frame(p, path_))
+        assert ret == XDP_PASS
+
+
+def reorder(dp, peer: int = PEER) -> wire.Reorder:
+    return wire.Reorder.sum(dp.maps["mrc_reorder"].lookup_percpu(wire.u32(peer)))
+
+
+def hist(**buckets) -> list[int]:
+    """hist(b0=1, b3=2) -> [1, 0, 0, 2, 0, ...] (16 buckets)."""
+    h = [0] * wire.MRC_HIST_BUCKETS
+    for k, v in buckets.items():
+        h[int(k[1:])] = v
+    return h
+
+
+def test_in_order_counts_nothing(dp):
+    feed(dp, range(200))
+    r = reorder(dp)
+    assert (r.rx_packets, r.ooo, r.dup, r.lost, r.late, r.resync) == (200, 0, 0, 0, 0, 0)
+    assert r.hist == hist()
+    assert dp.seq().rx_psn_max == 199
+
+
+def test_first_packet_may_start_anywhere(dp):
+    feed(dp, range(1_000_000, 1_000_100))
+    r = reorder(dp)
+    assert (r.ooo, r.dup, r.lost) == (0, 0, 0)
+    assert dp.seq().rx_psn_max == 1_000_099
+
+
+def test_out_of_order_distances_and_buckets(dp):
+    # 3 arrives 2 below the top (5), 4 one below, 7 thirteen below 20, 100
+    # three hundred below 400 (per peer bucket 8; per path the open bucket 7)
+    feed(dp, [0, 1, 2, 5, (3, 3), (4, 3), 6, 20, 7, 400, (100, 2)])
+    r = reorder(dp)
+    assert r.ooo == 4 and r.dup == 0 and r.lost == 0
+    assert r.hist == hist(b0=1, b1=1, b3=1, b8=1)
+    p3 = dp.stats(3)
+    assert p3.rx_ooo == 2 and p3.rx_ooo_hist == [1, 1, 0, 0, 0, 0, 0, 0]
+    p2 = dp.stats(2)
+    assert p2.rx_ooo == 1 and p2.rx_ooo_hist == [0] * 7 + [1]
+    assert dp.stats(0).rx_ooo == 1 and dp.stats(0).rx_packets == 8
+    assert dp.seq().rx_psn_max == 400
+
+
+def test_duplicates(dp):
+    feed(dp, [0, 1, 2, (2, 1), (1, 3), 3, (3, 3), 10, (10, 1)])
+    r = reorder(dp)
+    assert r.dup == 4 and r.ooo == 0 and r.lost == 0
+    assert dp.stats(1).rx_dup == 2 and dp.stats(3).rx_dup == 2 and dp.stats(0).rx_dup == 0
+
+
+def test_late_fill_of_a_gap_is_out_of_order_not_loss(dp):
+    feed(dp, [0, 1, 2, 4, 5, 6])
+    feed(dp, [3])
+    r = reorder(dp)
+    assert (r.ooo, r.lost, r.dup) == (1, 0, 0)
+    assert r.hist == hist(b1=1)    # 3 arrived 3 below the top 6: bucket 2..3
+
+
+def test_gap_not_filled_within_the_window_is_loss(dp):
+    # PSNs 0..255 except 50 and 51, then the top jumps to 4096 (word 64):
+    # word 0 (PSNs 0..63) leaves the 64-word window with two holes.
+    feed(dp, [p for p in range(256) if p not in (50, 51)])
+    assert reorder(dp).lost == 0
+    feed(dp, [4096])
+    r = reorder(dp)
+    assert r.lost == 2 and r.late == 0 and r.ooo == 0
+    # 50 arrives after its word left: late (net loss = lost - late = 1)
+    feed(dp, [(50, 1)])
+    # 100 is in word 1, still inside the window, and already received
+    feed(dp, [(100, 2)])
+    # 4000 (word 62) never arrived: out of order by 96 (bucket 6)
+    feed(dp, [4000])
+    r = reorder(dp)
+    assert (r.lost, r.late, r.dup, r.ooo) == (2, 1, 1, 1)
+    assert r.hist == hist(b6=1)
+    assert dp.stats(1).rx_late == 1 and dp.stats(2).rx_dup == 1
+
+
+def test_jump_beyond_the_window_counts_whole_words(dp):
+    feed(dp, range(64))             # word 0 complete
+    feed(dp, [64 * 200])            # words 1..199 never arrived; 65..199 wholly
+    r = reorder(dp)
+    # left the window: words 1..136 (everything below word 200 - 63)
+    assert r.lost == 136 * 64
+    assert r.ooo == 0 and r.dup == 0
+
+
+def test_sender_restart_resynchronises(dp):
+    feed(dp, range(100, 200))
+    feed(dp, [1 << 30, (1 << 30) + 1])
+    r = reorder(dp)
+    assert r.resync == 1 and r.lost == 0
+    assert dp.seq().rx_psn_max == (1 << 30) + 1
+
+
+def test_psn_wraps_at_32_bits(dp):
+    top = 2**32 - 3
+    feed(dp, [top, top + 1, top + 2])
+    feed(dp, [(top + 3) & 0xFFFFFFFF, (top + 5) & 0xFFFFFFFF, (top + 4) & 0xFFFFFFFF])
+    r = reorder(dp)
+    assert (r.ooo, r.dup, r.lost, r.resync) == (1, 0, 0, 0)
+    assert r.hist == hist(b0=1)
+    assert dp.seq().rx_psn_max == 2
+
+
+def test_segment_psn_from_tcp_sequence(dp):
+    """Segments of one GSO unit (psn 10, 4 segments of 100 bytes from seq0
+    5000) numbered by their inner TCP sequence: arriving 2, 0, 1, 3 gives
+    PSN 12, 10, 11, 13: two out of order."""
+    feed(dp, range(10))
+    for i in (2, 0, 1, 3):
+        ret, _ = dp.run_rx(frame(10, 0, segs=4, seg_size=100, seq0=5000, seq=5000 + 100 * i))
+        assert ret == XDP_PASS
+    r = reorder(dp)
+    assert r.ooo == 2 and r.dup == 0
+    assert r.hist == hist(b0=1, b1=1)
+    assert dp.seq().rx_psn_max == 13
+
+
+@pytest.mark.parametrize("n_paths", [4])
+def test_status_snapshot_shape_of_reorder(n_paths):
+    """The per peer struct sums per CPU like the path counters."""
+    a = wire.Reorder(rx_packets=1, ooo=2, hist=[1] + [0] * 15).pack()
+    b = wire.Reorder(rx_packets=3, lost=4, hist=[0, 2] + [0] * 14).pack()
+    s = wire.Reorder.sum([a, b])
+    assert (s.rx_packets, s.ooo, s.lost) == (4, 2, 4)
+    assert s.hist[:2] == [1, 2]
+    assert wire.hist_label(0, 16) == "1" and wire.hist_label(3, 16) == "8-15"
+    assert wire.hist_label(15, 16) == "32768+"
+
+
+# --- sender side: path delay from fresh feedback echoes ----------------------
+
+def feedback_frame(fb_path: int, fb_ts: int, psn: int) -> bytes:
+    inner = pkt.ipv4(PEER_OVERLAY, LOCAL_OVERLAY, pkt.IPPROTO_TCP, pkt.tcp(5201, 40001, 0, b"a"))
+    hdr = wire.encode_mrc_hdr(path_id=0, psn=psn, flags=wire.MRC_F_FEEDBACK, fb_path=fb_path,
+                              fb_ts=fb_ts)
+    return pkt.eth(OUR_MAC, PEER_MAC, pkt.ETH_P_IP) + pkt.ipv4(
+        PATHS[0].daddr, PATHS[0].saddr, pkt.IPPROTO_UDP, pkt.udp(49152, UDP_PORT, hdr + inner))
+
+
+def delay(dp, path: int) -> wire.PathDelay:
+    return wire.PathDelay.unpack(dp.maps["mrc_path_delay"].lookup(wire.u32(wire.path_idx(PEER, path))))
+
+
+def test_path_delay_counts_fresh_echoes_only(dp):
+    from unit_dp import now_us
+    ts = (now_us() - 3000) & 0xFFFFFFFF           # a packet we sent 3 ms ago
+    assert dp.run_rx(feedback_frame(2, ts, 0))[0] == XDP_PASS
+    d = delay(dp, 2)
+    assert d.samples == 1 and d.last_fb_ts == ts
+    assert 3000 <= d.rtt_us < 3000 + 500_000 and d.ewma_us == d.rtt_us
+    # the peer echoes the same packet again (nothing newer arrived): no sample
+    dp.run_rx(feedback_frame(2, ts, 1))
+    assert delay(dp, 2).samples == 1
+    # an older echo (reordered feedback): no sample either
+    dp.run_rx(feedback_frame(2, (ts - 100) & 0xFFFFFFFF, 2))
+    assert delay(dp, 2).samples == 1
+    # a newer packet: a sample, folded into the EWMA with gain 1/4
+    ts2 = (now_us() - 1000) & 0xFFFFFFFF
+    dp.run_rx(feedback_frame(2, ts2, 3))
+    d2 = delay(dp, 2)
+    assert d2.samples == 2 and d2.last_fb_ts == ts2
+    assert d2.ewma_us == d.ewma_us - (d.ewma_us >> 2) + (d2.rtt_us >> 2)
+    assert delay(dp, 1).samples == 0

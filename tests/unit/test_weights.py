@@ -1,0 +1,119 @@
+"""Adaptive weights (mrcctl/weights.py): the control law as pure functions,
+and the config keys of issue 4. No BPF here."""
+
+from __future__ import annotations
+
+import pytest
+
+from mrcctl import config as cfgmod
+from mrcctl import weights as W
+
+MB = 1e6 / 8   # bytes/s in one Mbit/s
+
+
+def run(c, d, q, sent=None, usable=None, idle=None, offered=None):
+    n = len(d)
+    idle = idle if idle is not None else [0] * n
+    return W.step_capacity(c, d, q, sent or [1] * n, usable or [True] * n, idle, offered), idle
+
+
+def test_saturated_plane_is_estimated_at_its_delivered_rate():
+    c, _ = run([None] * 2, [50 * MB, 100 * MB], [5000, 5000])
+    assert c == [50 * MB, 100 * MB]
+    # then an EWMA of what it delivers while saturated
+    c2, _ = run(c, [60 * MB, 100 * MB], [5000, 5000])
+    assert c2[0] == pytest.approx(50 * MB + W.SAT_GAIN * 10 * MB)
+
+
+def test_rate_drop_is_taken_at_once():
+    c, _ = run([200 * MB, 100 * MB], [50 * MB, 100 * MB], [20000, 3000])
+    assert c[0] == 50 * MB
+
+
+def test_draining_queue_is_no_capacity_reading():
+    # the sender backed off (offers 10 while 50 leaves): keep the estimate
+    c, _ = run([200 * MB], [50 * MB], [20000], offered=[10 * MB])
+    assert c == [200 * MB]
+
+
+def test_unsaturated_plane_probes_up_after_a_while():
+    idle = [0]
+    c = [100 * MB]
+    for _ in range(W.PROBE_AFTER - 1):
+        c, idle = run(c, [100 * MB], [100], idle=idle)
+        assert c == [100 * MB]
+    c, idle = run(c, [100 * MB], [100], idle=idle)
+    assert c[0] == pytest.approx(100 * MB * (1 + W.PROBE))
+
+
+def test_plane_without_news_keeps_its_estimate_and_idle_plane_may_grow():
+    c, _ = run([100 * MB, 100 * MB], [100 * MB, 0.0], [None, None], sent=[5, 0],
+               idle=[W.PROBE_AFTER] * 2)
+    assert c[0] == 100 * MB             # sending, no fresh echo: no news
+    assert c[1] > 100 * MB              # nothing sent: it has no queue
+
+
+def test_unusable_planes_get_nothing():
+    s = W.shares([100.0, 100.0, None], [True, False, True], 0.02)
+    assert s == [1.0, 0.0, 0.0]
+
+
+def test_shares_follow_capacities_with_a_floor():
+    s = W.shares([200.0, 100.0, 50.0, 50.0], [True] * 4, 0.0)
+    assert s == pytest.approx([0.5, 0.25, 0.125, 0.125])
+    s = W.shares([1000.0, 1.0], [True, True], 0.1)
+    assert s[1] > 0.04 and sum(s) == pytest.approx(1.0)   # ~ the floor, renormalised
+
+
+def test_quantize_sums_to_scale_and_keeps_every_usable_path():
+    q = W.quantize([0.5, 0.25, 0.125, 0.125, 0.0], [True, True, True, True, False])
+    assert sum(q) == W.SCALE and q[4] == 0
+    assert q[:4] == [500, 250, 125, 125]
+    q = W.quantize([1.0, 1e-9], [True, True])
+    assert q[1] >= 1 and sum(q) == W.SCALE
+
+
+BASE = """
+[overlay]
+address = "172.31.0.1/24"
+[[plane]]
+device = "p0"
+[[peer]]
+name = "b"
+overlay = "172.31.0.2"
+{peer}
+[peer.underlay]
+p0 = "10.0.0.2"
+{extra}
+"""
+
+
+def parse(peer: str = "", extra: str = ""):
+    return cfgmod.parse(BASE.format(peer=peer, extra=extra))
+
+
+def test_config_keys():
+    c = parse('spray = "flowlet"\nflowlet_gap_us = 250', '[weights]\nmode = "adaptive"\ninterval_ms = 20')
+    assert c.peers[0].flowlet_gap_us == 250 and c.weights.mode == "adaptive"
+    assert c.weights.interval_ms == 20
+    assert parse().weights.mode == "fixed" and parse().peers[0].flowlet_gap_us == 0
+    assert cfgmod.parse(BASE.format(peer="", extra="").replace(
+        "[overlay]\n", "[overlay]\ngso_max_size = 16384\n")).gso_max_size == 16384
+
+
+@pytest.mark.parametrize("peer,extra,msg", [
+    ("", '[weights]\nmode = "fast"', "weights.mode: 'fast' is not one of fixed, adaptive"),
+    ("", "[weights]\ninterval_ms = 0", "weights.interval_ms: 0 is out of range"),
+    ("", "[weights]\nspeed = 1", "weights.speed: unknown key"),
+    ("flowlet_gap_us = -1", "", "peer[0].flowlet_gap_us: -1 is out of range"),
+    ('flowlet_gap_us = "auto"', "", "peer[0].flowlet_gap_us: must be an integer"),
+])
+def test_config_errors_name_the_key(peer, extra, msg):
+    with pytest.raises(cfgmod.ConfigError) as e:
+        parse(peer, extra)
+    assert msg in str(e.value)
+
+
+def test_gso_max_size_range():
+    with pytest.raises(cfgmod.ConfigError, match="overlay.gso_max_size: 100 is out of range"):
+        cfgmod.parse(BASE.format(peer="", extra="").replace("[overlay]\n", "[overlay]\ngso_max_size = 100\n"))
