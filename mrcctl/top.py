@@ -536,6 +536,10 @@ def run(cfg: cfgmod.Config, interval: float = 0.25, once: bool = False, folded: 
     source = Source(cfg)
     dash = Dashboard(source, interval=interval, folded=folded)
     try:
+        # rich prefers $COLUMNS/$LINES over the terminal's size; a parent that
+        # exported them once would pin the dashboard to a stale size.
+        for var in ("COLUMNS", "LINES"):
+            os.environ.pop(var, None)
         console = Console(width=width) if width else Console()
         if once or not console.is_terminal:
             dash.sample()
