@@ -86,7 +86,9 @@ enum mrc_reason {
 	MRC_R_TX_ENCAP_FAIL	= 13,
 	MRC_R_RX_PROBE_REPLIED	= 14,	/* not a drop: probes answered */
 	MRC_R_RX_PROBE_REPLY	= 15,	/* not a drop: replies consumed */
-	MRC_R_MAX		= 16,
+	MRC_R_RX_PASS_VLAN	= 16,	/* not a drop: VLAN-tagged, passed untouched */
+	MRC_R_RX_PASS_FRAGMENT	= 17,	/* not a drop: non-first UDP fragment, passed */
+	MRC_R_MAX		= 18,
 };
 
 /* mrc_cfg: ARRAY[1], instance-wide settings the control plane may change live. */

@@ -16,10 +16,11 @@
  *    plane, carrying a version-1 PROBE_REPLY: replies swap the probe's
  *    ports, so they come back to the probe's EV. Anything else with that
  *    source port is someone else's traffic and passes untouched.
- * Not ours, passed untouched: VLAN-tagged frames (mrc never tags), non-IP,
- * non-UDP, outer frames cut short before the UDP ports (the stack drops
- * them as malformed), IPv4 non-first fragments (no UDP header to tell; the
- * first fragment is dropped below, so the datagram never reassembles), and
+ * Not ours, passed untouched: VLAN-tagged frames (mrc never tags; counted
+ * as MRC_R_RX_PASS_VLAN), non-IP, non-UDP, outer frames cut short before the
+ * UDP ports (the stack drops them as malformed), non-first UDP fragments
+ * (no UDP header to tell; counted as MRC_R_RX_PASS_FRAGMENT; the first
+ * fragment is dropped below, so the datagram never reassembles), and
  * IPv6 with extension headers other than a fragment header (mrc never
  * sends them; we do not walk them).
  */
@@ -148,8 +149,13 @@ int mrc_rx(struct xdp_md *ctx)
 	int proto;
 
 	proto = parse_ethhdr(&nh, data_end, &eth);
-	if (proto != bpf_htons(ETH_P_IP) && proto != bpf_htons(ETH_P_IPV6))
+	if (proto != bpf_htons(ETH_P_IP) && proto != bpf_htons(ETH_P_IPV6)) {
+		/* Counted because a tagged MRC frame is a misconfiguration an
+		 * operator wants to see, not silence. */
+		if (proto == bpf_htons(ETH_P_8021Q) || proto == bpf_htons(ETH_P_8021AD))
+			count_drop(MRC_R_RX_PASS_VLAN);
 		return XDP_PASS;
+	}
 
 	cfg = bpf_map_lookup_elem(&mrc_cfg, &zero);
 	if (!cfg)
@@ -169,8 +175,10 @@ int mrc_rx(struct xdp_md *ctx)
 		if (ihl < sizeof(*iph))
 			return XDP_PASS;
 		/* Non-first fragment: no UDP header to look at. */
-		if (iph->frag_off & bpf_htons(IP_OFFSET_MASK))
+		if (iph->frag_off & bpf_htons(IP_OFFSET_MASK)) {
+			count_drop(MRC_R_RX_PASS_FRAGMENT);
 			return XDP_PASS;
+		}
 		udp = (void *)iph + ihl;
 		if ((void *)(udp + 1) > data_end)
 			return XDP_PASS;
@@ -202,9 +210,12 @@ int mrc_rx(struct xdp_md *ctx)
 
 			if ((void *)(fh + 1) > data_end)
 				return XDP_PASS;
-			if (fh->nexthdr != IPPROTO_UDP ||
-			    (fh->frag_off & bpf_htons(IP6_FRAG_OFFSET_MASK)))
+			if (fh->nexthdr != IPPROTO_UDP)
 				return XDP_PASS;
+			if (fh->frag_off & bpf_htons(IP6_FRAG_OFFSET_MASK)) {
+				count_drop(MRC_R_RX_PASS_FRAGMENT);
+				return XDP_PASS;
+			}
 			udp = (void *)(fh + 1);
 			if ((void *)(udp + 1) > data_end)
 				return XDP_PASS;

@@ -104,13 +104,16 @@ class Reason(_LabelEnum):
     TX_ENCAP_FAIL = 13
     RX_PROBE_REPLIED = 14
     RX_PROBE_REPLY = 15
+    RX_PASS_VLAN = 16
+    RX_PASS_FRAGMENT = 17
 
     @property
     def is_drop(self) -> bool:
-        return self not in (Reason.RX_PROBE_REPLIED, Reason.RX_PROBE_REPLY)
+        return self not in (Reason.RX_PROBE_REPLIED, Reason.RX_PROBE_REPLY,
+                            Reason.RX_PASS_VLAN, Reason.RX_PASS_FRAGMENT)
 
 
-MRC_R_MAX = 16
+MRC_R_MAX = 18
 
 
 class EvReason(_LabelEnum):

@@ -29,6 +29,8 @@ TC_ACT_SHOT, TC_ACT_REDIRECT = 2, 7
 ETH_HLEN = 14
 ETH_P_IP = 0x0800
 ETH_P_IPV6 = 0x86DD
+ETH_P_8021Q = 0x8100
+ETH_P_8021AD = 0x88A8
 IPPROTO_TCP = 6
 IPPROTO_UDP = 17
 IPV6_FRAGMENT = 44
@@ -98,7 +100,7 @@ class RxModel:
                 return PASS
             frag = _u16(f, 14 + 6)
             if frag & 0x1FFF:                     # non-first fragment: no ports to judge
-                return PASS
+                return Verdict(XDP_PASS, R.RX_PASS_FRAGMENT, f)
             uoff = ETH_HLEN + ihl * 4
             if uoff + UDP_HLEN > n:
                 return PASS
@@ -119,8 +121,10 @@ class RxModel:
             if nh == IPV6_FRAGMENT:
                 if n < 54 + 8:
                     return PASS
-                if f[54] != IPPROTO_UDP or _u16(f, 56) & 0xFFF8:
+                if f[54] != IPPROTO_UDP:
                     return PASS
+                if _u16(f, 56) & 0xFFF8:
+                    return Verdict(XDP_PASS, R.RX_PASS_FRAGMENT, f)
                 if n < 62 + UDP_HLEN or _u16(f, 62 + 2) != port:
                     return PASS
                 return Verdict(XDP_DROP, R.RX_FRAGMENT)
@@ -135,8 +139,10 @@ class RxModel:
                 return PASS
             family, src = 6, f[22:38]
             l3_len, ip_len = 40, 40 + _u16(f, 18)
+        elif ethertype in (ETH_P_8021Q, ETH_P_8021AD):
+            return Verdict(XDP_PASS, R.RX_PASS_VLAN, f)
         else:
-            return PASS                            # ARP, VLAN tags, everything else
+            return PASS                            # ARP, everything else
 
         def refuse(reason: R) -> Verdict:
             return PASS if reply_only else Verdict(XDP_DROP, reason)

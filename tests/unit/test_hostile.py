@@ -202,7 +202,7 @@ def test_ip_fragments(hd):
     ports and pass to the stack, which discards them at reassembly."""
     rx(hd, frame(ip_kw={"df": False, "mf": True}, **fresh()), XDP_DROP, R.RX_FRAGMENT)
     later = frame(ip_kw={"df": False, "frag_off": 185}, **fresh())
-    untouched(hd, later)
+    assert rx(hd, later, XDP_PASS, R.RX_PASS_FRAGMENT) == later
     body = pkt.udp(49153, UDP_PORT, wire.encode_mrc_hdr(**fresh()) + inner_tcp())
     e6 = pkt.eth(OUR_MAC, PEER_MAC, pkt.ETH_P_IPV6)
     first6 = e6 + pkt.ipv6(V6_SRC, V6_DST, pkt.IPV6_FRAGMENT, pkt.ip6_frag(pkt.IPPROTO_UDP) + body)
@@ -210,7 +210,7 @@ def test_ip_fragments(hd):
     whole6 = e6 + pkt.ipv6(V6_SRC, V6_DST, pkt.IPV6_FRAGMENT, pkt.ip6_frag(pkt.IPPROTO_UDP, more=False) + body)
     rx(hd, whole6, XDP_DROP, R.RX_FRAGMENT)                      # atomic fragment: still not ours to take
     later6 = e6 + pkt.ipv6(V6_SRC, V6_DST, pkt.IPV6_FRAGMENT, pkt.ip6_frag(pkt.IPPROTO_UDP, offset=20) + body)
-    untouched(hd, later6)
+    assert rx(hd, later6, XDP_PASS, R.RX_PASS_FRAGMENT) == later6
 
 
 @pytest.mark.parametrize("words", [1, 2, 10])
@@ -225,10 +225,10 @@ def test_ip_options(hd, words):
 @pytest.mark.parametrize("tags", [[pkt.ETH_P_8021Q], [0x88A8, pkt.ETH_P_8021Q]], ids=["802.1Q", "QinQ"])
 def test_vlan_tagged_frames_are_not_ours(hd, tags):
     """mrc never sends tagged frames: a tagged frame belongs to a VLAN
-    device, not to the plane, and goes to the stack untouched."""
+    device, not to the plane, and goes to the stack untouched, counted."""
     f = frame(**fresh())
     tagged = f[:12] + b"".join(struct.pack("!HH", t, 100) for t in tags) + f[12:]
-    untouched(hd, tagged)
+    assert rx(hd, tagged, XDP_PASS, R.RX_PASS_VLAN) == tagged
 
 
 def test_oversized_frames(hd):
