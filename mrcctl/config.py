@@ -179,6 +179,16 @@ def _ip(where: str, value):
         raise ConfigError(f"{where}: {value!r} is not an IP address") from None
 
 
+def _table_array(doc: dict, key: str, most: int) -> list:
+    """A required [[key]] array of 1..most tables."""
+    items = doc.get(key)
+    if items is None or _typed(key, items, list) == []:
+        raise ConfigError(f"{key}: at least one [[{key}]] is required")
+    if len(items) > most:
+        raise ConfigError(f"{key}: {len(items)} {key}s, at most {most} are supported")
+    return items
+
+
 # ---------------------------------------------------------------- the loader
 
 def load(path: str | pathlib.Path) -> Config:
@@ -235,14 +245,7 @@ def _build(doc: dict, source: str, digest: str) -> Config:
     if gso_max_size is not None:
         gso_max_size = _int_in("overlay.gso_max_size", gso_max_size, 1500, 65536)
 
-    planes_raw = doc.get("plane")
-    if planes_raw is None:
-        raise ConfigError("plane: at least one [[plane]] is required")
-    planes_raw = _typed("plane", planes_raw, list)
-    if not planes_raw:
-        raise ConfigError("plane: at least one [[plane]] is required")
-    if len(planes_raw) > wire.MRC_MAX_PLANES:
-        raise ConfigError(f"plane: {len(planes_raw)} planes, at most {wire.MRC_MAX_PLANES} are supported")
+    planes_raw = _table_array(doc, "plane", wire.MRC_MAX_PLANES)
     planes: list[Plane] = []
     for i, p in enumerate(planes_raw):
         where = f"plane[{i}]"
@@ -261,14 +264,7 @@ def _build(doc: dict, source: str, digest: str) -> Config:
 
     health = _health(doc.get("health", {}))
 
-    peers_raw = doc.get("peer")
-    if peers_raw is None:
-        raise ConfigError("peer: at least one [[peer]] is required")
-    peers_raw = _typed("peer", peers_raw, list)
-    if not peers_raw:
-        raise ConfigError("peer: at least one [[peer]] is required")
-    if len(peers_raw) > wire.MRC_MAX_PEERS:
-        raise ConfigError(f"peer: {len(peers_raw)} peers, at most {wire.MRC_MAX_PEERS} are supported")
+    peers_raw = _table_array(doc, "peer", wire.MRC_MAX_PEERS)
     peers: list[Peer] = []
     for i, p in enumerate(peers_raw):
         peers.append(_peer(i, _typed(f"peer[{i}]", p, dict), planes, ov_addr, peers))

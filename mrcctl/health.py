@@ -152,13 +152,6 @@ def rebuild_slots(dp, cfg: cfgmod.Config) -> None:
 
 # ------------------------------------------------------------------ probes
 
-def _csum(b: bytes) -> int:
-    if len(b) % 2:
-        b += b"\0"
-    s = sum(struct.unpack(f"!{len(b) // 2}H", b))
-    while s >> 16:
-        s = (s & 0xFFFF) + (s >> 16)
-    return ~s & 0xFFFF
 
 
 def probe_frame(path: wire.Path, path_id: int, udp_port: int) -> bytearray:
@@ -170,7 +163,7 @@ def probe_frame(path: wire.Path, path_id: int, udp_port: int) -> bytearray:
     if path.family == 4:
         ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(udp) + len(mrc), 0, 0x4000, 64, 17, 0,
                          socket.inet_aton(path.saddr), socket.inet_aton(path.daddr))
-        ip = ip[:10] + struct.pack("!H", _csum(ip)) + ip[12:]
+        ip = ip[:10] + struct.pack("!H", wire.inet_csum(ip)) + ip[12:]
         etype = 0x0800
     else:
         ip = struct.pack("!IHBB16s16s", 6 << 28 | (path.ev & 0xFFFFF), len(udp) + len(mrc), 17, 64,

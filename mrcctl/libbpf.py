@@ -430,6 +430,15 @@ def tc_hook_destroy(ifindex: int) -> None:
         _check(f"bpf_tc_hook_destroy(ifindex {ifindex})", ret)
 
 
+def _adopt(cls, fd: int):
+    """Wrap a fd we own in cls; close it if wrapping fails."""
+    try:
+        return cls(fd, owned=True)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 class Map:
     """A BPF map by fd. Keys and values are raw bytes (see mrcctl.wire)."""
 
@@ -446,21 +455,11 @@ class Map:
 
     @classmethod
     def from_pin(cls, path: str) -> "Map":
-        fd = obj_get(path)
-        try:
-            return cls(fd, owned=True)
-        except BaseException:
-            os.close(fd)
-            raise
+        return _adopt(cls, obj_get(path))
 
     @classmethod
     def from_id(cls, map_id: int) -> "Map":
-        fd = _check(f"bpf_map_get_fd_by_id({map_id})", _bpf_map_get_fd_by_id(map_id))
-        try:
-            return cls(fd, owned=True)
-        except BaseException:
-            os.close(fd)
-            raise
+        return _adopt(cls, _check(f"bpf_map_get_fd_by_id({map_id})", _bpf_map_get_fd_by_id(map_id)))
 
     @property
     def percpu(self) -> bool:
@@ -569,21 +568,11 @@ class Program:
 
     @classmethod
     def from_pin(cls, path: str) -> "Program":
-        fd = obj_get(path)
-        try:
-            return cls(fd, owned=True)
-        except BaseException:
-            os.close(fd)
-            raise
+        return _adopt(cls, obj_get(path))
 
     @classmethod
     def from_id(cls, prog_id: int) -> "Program":
-        fd = _check(f"bpf_prog_get_fd_by_id({prog_id})", _bpf_prog_get_fd_by_id(prog_id))
-        try:
-            return cls(fd, owned=True)
-        except BaseException:
-            os.close(fd)
-            raise
+        return _adopt(cls, _check(f"bpf_prog_get_fd_by_id({prog_id})", _bpf_prog_get_fd_by_id(prog_id)))
 
     def pin(self, path: str) -> None:
         obj_pin(self.fd, path)

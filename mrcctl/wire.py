@@ -232,6 +232,16 @@ def unpack_u32(b: bytes) -> int:
     return struct.unpack("=I", b[:4])[0]
 
 
+def inet_csum(data: bytes) -> int:
+    """RFC 1071 Internet checksum of data (the complemented one's-complement sum)."""
+    if len(data) % 2:
+        data += b"\0"
+    s = sum(struct.unpack(f"!{len(data) // 2}H", data))
+    while s >> 16:
+        s = (s & 0xFFFF) + (s >> 16)
+    return ~s & 0xFFFF
+
+
 def sum_percpu_u64(values: Iterable[bytes]) -> int:
     """Sum a per-CPU __u64 value (Map.lookup_percpu of mrc_drops)."""
     return sum(struct.unpack("=Q", v[:8])[0] for v in values)

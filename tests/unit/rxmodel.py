@@ -52,13 +52,6 @@ class Verdict:
         return str(self.action) + (f"/{self.reason.label}" if self.reason is not None else "")
 
 
-def _csum(data: bytes) -> int:
-    if len(data) % 2:
-        data += b"\0"
-    s = sum(struct.unpack(f"!{len(data) // 2}H", data))
-    while s >> 16:
-        s = (s & 0xFFFF) + (s >> 16)
-    return (~s) & 0xFFFF
 
 
 def _u16(b: bytes, off: int) -> int:
@@ -185,7 +178,7 @@ class RxModel:
             o[26:30], o[30:34] = f[30:34], f[26:30]
             o[14 + 8] = 64
             o[24:26] = b"\0\0"
-            o[24:26] = struct.pack("!H", _csum(bytes(o[14:34])))
+            o[24:26] = struct.pack("!H", wire.inet_csum(bytes(o[14:34])))
         else:
             o[22:38], o[38:54] = f[38:54], f[22:38]
             o[14 + 7] = 64

@@ -245,7 +245,7 @@ def test_probe_is_turned_around(dp, family):
     if family == 4:
         ip_in, ip_out = probe[14:34], out[14:34]
         assert ip_out[12:16] == ip_in[16:20] and ip_out[16:20] == ip_in[12:16]
-        assert pkt.csum(ip_out) == 0
+        assert wire.inet_csum(ip_out) == 0
         l4 = 34
     else:
         ip_in, ip_out = probe[14:54], out[14:54]

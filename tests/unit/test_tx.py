@@ -68,7 +68,7 @@ def test_encap_ipv4(dp):
     assert frag == 0x4000              # DF, no fragment
     assert ttl == 64 and proto == pkt.IPPROTO_UDP
     assert socket.inet_ntoa(src) == p.saddr and socket.inet_ntoa(dst) == p.daddr
-    assert pkt.csum(ip) == 0, "outer IPv4 header checksum must verify"
+    assert wire.inet_csum(ip) == 0, "outer IPv4 header checksum must verify"
     # UDP
     sport, dport, ulen, uck = struct.unpack("!HHHH", out[34:42])
     assert sport == p.ev and dport == UDP_PORT

@@ -17,14 +17,6 @@ IPPROTO_ICMPV6 = 58
 IPV6_FRAGMENT = 44
 
 
-def csum(data: bytes) -> int:
-    """RFC 1071 Internet checksum of data (returns the complemented sum)."""
-    if len(data) % 2:
-        data += b"\0"
-    s = sum(struct.unpack(f"!{len(data) // 2}H", data))
-    while s >> 16:
-        s = (s & 0xFFFF) + (s >> 16)
-    return (~s) & 0xFFFF
 
 
 def eth(dst: str, src: str, ethertype: int) -> bytes:
@@ -40,7 +32,7 @@ def ipv4(src: str, dst: str, proto: int, payload: bytes, *, ttl: int = 64, ident
     total = tot_len if tot_len is not None else ihl * 4 + len(payload)
     hdr = struct.pack("!BBHHHBBH4s4s", 0x40 | ihl, tos, total, ident, flags, ttl, proto, 0,
                       socket.inet_aton(src), socket.inet_aton(dst)) + options
-    c = csum(hdr)
+    c = wire.inet_csum(hdr)
     return hdr[:10] + struct.pack("!H", c) + hdr[12:] + payload
 
 
