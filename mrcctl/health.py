@@ -36,6 +36,7 @@ from . import agent as agentmod
 from . import config as cfgmod
 from . import wire
 from .libbpf import RingBuffer
+from .loader import rebuild_slots
 from .state import Instance
 
 log = logging.getLogger("mrc.health")
@@ -127,28 +128,6 @@ def read_events(inst: Instance) -> list[dict]:
 
 
 # ------------------------------------------------------------------ slot tables
-
-def rebuild_slots(dp, cfg: cfgmod.Config) -> None:
-    """Spray only over GOOD, not denied paths (their configured weights).
-    With none left, keep every not-denied path: the datapath's min_active
-    fallback then decides, rather than the control plane blacking out."""
-    from .loader import set_slots
-    paths_m, live_m = dp.map("mrc_paths"), dp.map("mrc_live")
-    for peer in cfg.peers:
-        weights, fallback = [], []
-        for path in peer.paths:
-            key = wire.u32(wire.path_idx(peer.index, path.id))
-            p = wire.Path.unpack(paths_m.lookup(key))
-            lv = wire.PathLive.unpack(live_m.lookup(key))
-            denied = p.admin == wire.PathState.DENIED
-            fallback.append(0 if denied else max(p.weight, 0))
-            weights.append(p.weight if not denied and lv.state == wire.PathState.GOOD else 0)
-        if sum(weights) == 0:
-            weights = fallback
-        if sum(weights) == 0:
-            weights = [1] * len(peer.paths)
-        set_slots(dp, peer, weights)
-
 
 # ------------------------------------------------------------------ probes
 

@@ -260,6 +260,44 @@ def set_slots(dp: Datapath, peer: cfgmod.Peer, weights: list[int], flip: bool = 
     return idle
 
 
+def rebuild_slots(dp: Datapath, cfg: cfgmod.Config, peers=None) -> None:
+    """Spray only over GOOD, not denied paths, by each path's current weight.
+
+    The one place that turns path states and weights into slot tables: the
+    health subsystem (state changes), the operator (deny/allow) and adaptive
+    weights (which first store their weights in mrc_paths) all call it, so
+    whichever runs last writes the same policy from the same maps. With no
+    path left, every not-denied path stays in: the datapath's min_active
+    fallback then decides, rather than the control plane blacking out.
+    """
+    paths_m, live_m = dp.map("mrc_paths"), dp.map("mrc_live")
+    for peer in peers if peers is not None else cfg.peers:
+        weights, fallback = [], []
+        for path in peer.paths:
+            key = wire.u32(wire.path_idx(peer.index, path.id))
+            p = wire.Path.unpack(paths_m.lookup(key))
+            lv = wire.PathLive.unpack(live_m.lookup(key))
+            denied = p.admin == wire.PathState.DENIED
+            fallback.append(0 if denied else max(p.weight, 0))
+            weights.append(p.weight if not denied and lv.state == wire.PathState.GOOD else 0)
+        if sum(weights) == 0:
+            weights = fallback
+        if sum(weights) == 0:
+            weights = [1] * len(peer.paths)
+        set_slots(dp, peer, weights)
+
+
+def set_path_weights(dp: Datapath, peer: cfgmod.Peer, weights: dict[int, int]) -> None:
+    """Store path id -> current weight in mrc_paths (see rebuild_slots)."""
+    paths_m = dp.map("mrc_paths")
+    for pid, w in weights.items():
+        key = wire.u32(wire.path_idx(peer.index, pid))
+        ent = wire.Path.unpack(paths_m.lookup(key))
+        if ent.weight != w:
+            ent.weight = w
+            paths_m.update(key, ent.pack())
+
+
 # ------------------------------------------------------------------ up / down
 
 class Loaded:

@@ -285,7 +285,7 @@ class Controller:
         return delays, self._usable(peer, now), tx
 
     def step(self, now: float) -> None:
-        from .loader import set_slots
+        from .loader import rebuild_slots, set_path_weights
         for peer in self.cfg.peers:
             st = self._state(peer, now)
             delays, usable, tx = self.read(peer, now)
@@ -363,7 +363,11 @@ class Controller:
                     per_path[i] = wg / len(live_ids)
             ints = quantize(per_path, [x > 0 for x in per_path])
             if not st.written or sum(abs(a - b) for a, b in zip(ints, st.written)) >= WRITE_MIN:
-                set_slots(self.dp, peer, ints)
+                # Unusable paths keep their last weight, so a path that
+                # recovers rejoins the spray at once (rebuild_slots leaves it
+                # out while it is not GOOD).
+                set_path_weights(self.dp, peer, {i: w for i, w in enumerate(ints) if w > 0})
+                rebuild_slots(self.dp, self.cfg, [peer])
                 st.written = ints
                 st.updates += 1
 
