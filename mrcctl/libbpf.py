@@ -27,8 +27,7 @@ from typing import Callable
 __all__ = [
     "LibbpfError", "num_possible_cpus", "Map", "Program", "BpfObject",
     "RingBuffer", "obj_pin", "obj_get", "prog_info", "map_info",
-    "recent_log", "PERCPU_MAP_TYPES", "xdp_attach", "xdp_detach", "xdp_query_id",
-    "tc_attach", "tc_detach", "tc_query", "tc_hook_destroy",
+    "recent_log", "PERCPU_MAP_TYPES", "prog_ids", "tc_query", "TC_INGRESS", "TC_EGRESS",
 ]
 
 _lib = ctypes.CDLL("libbpf.so.1", use_errno=True)
@@ -211,10 +210,6 @@ class _BpfProgInfo(ctypes.Structure):
     ]
 
 
-class _XdpAttachOpts(ctypes.Structure):
-    _fields_ = [("sz", ctypes.c_size_t), ("old_prog_fd", _c_int)]
-
-
 class _TcHook(ctypes.Structure):
     _fields_ = [("sz", ctypes.c_size_t), ("ifindex", _c_int), ("attach_point", _c_int),
                 ("parent", _c_u32)]
@@ -255,15 +250,6 @@ _ring_buffer__new = _proto("ring_buffer__new", _vp, _c_int, _SAMPLE_FN, _vp, _vp
 _ring_buffer__poll = _proto("ring_buffer__poll", _c_int, _vp, _c_int)
 _ring_buffer__consume = _proto("ring_buffer__consume", _c_int, _vp)
 _ring_buffer__free = _proto("ring_buffer__free", None, _vp)
-_bpf_xdp_attach = _proto("bpf_xdp_attach", _c_int, _c_int, _c_int, _c_u32,
-                         ctypes.POINTER(_XdpAttachOpts))
-_bpf_xdp_detach = _proto("bpf_xdp_detach", _c_int, _c_int, _c_u32,
-                         ctypes.POINTER(_XdpAttachOpts))
-_bpf_xdp_query_id = _proto("bpf_xdp_query_id", _c_int, _c_int, _c_int, ctypes.POINTER(_c_u32))
-_bpf_tc_hook_create = _proto("bpf_tc_hook_create", _c_int, ctypes.POINTER(_TcHook))
-_bpf_tc_hook_destroy = _proto("bpf_tc_hook_destroy", _c_int, ctypes.POINTER(_TcHook))
-_bpf_tc_attach = _proto("bpf_tc_attach", _c_int, ctypes.POINTER(_TcHook), ctypes.POINTER(_TcOpts))
-_bpf_tc_detach = _proto("bpf_tc_detach", _c_int, ctypes.POINTER(_TcHook), ctypes.POINTER(_TcOpts))
 _bpf_tc_query = _proto("bpf_tc_query", _c_int, ctypes.POINTER(_TcHook), ctypes.POINTER(_TcOpts))
 
 
@@ -350,84 +336,22 @@ def prog_info(fd: int, map_ids: bool = False) -> dict:
 
 
 # ---------------------------------------------------------------------------
-# attaching (netlink, in the calling thread's network namespace)
+# querying tc (the product attaches with pyroute2, which cannot decode
+# TCA_BPF_ID; bpf_tc_query reads it)
 
-XDP_FLAGS_UPDATE_IF_NOEXIST = 1 << 0
-XDP_FLAGS_SKB_MODE = 1 << 1
-XDP_FLAGS_DRV_MODE = 1 << 2
-XDP_FLAGS_REPLACE = 1 << 4
 TC_INGRESS = 1 << 0
 TC_EGRESS = 1 << 1
-_BPF_TC_F_REPLACE = 1 << 0
-
-
-def xdp_attach(ifindex: int, prog_fd: int, flags: int = XDP_FLAGS_DRV_MODE) -> None:
-    """Attach (or replace) the XDP program of ifindex. Default: native
-    (driver) mode, which mrc needs on veth planes."""
-    _check(f"bpf_xdp_attach(ifindex {ifindex})", _bpf_xdp_attach(ifindex, prog_fd, flags, None))
-
-
-def xdp_detach(ifindex: int, flags: int = XDP_FLAGS_DRV_MODE) -> None:
-    _check(f"bpf_xdp_detach(ifindex {ifindex})", _bpf_xdp_detach(ifindex, flags, None))
-
-
-def xdp_query_id(ifindex: int, flags: int = 0) -> int:
-    """Id of the XDP program attached to ifindex (flags: a mode to ask
-    about, 0 = the only one), 0 if none."""
-    pid = _c_u32(0)
-    _check(f"bpf_xdp_query_id(ifindex {ifindex})",
-           _bpf_xdp_query_id(ifindex, flags, ctypes.byref(pid)))
-    return pid.value
-
-
-def _tc_hook(ifindex: int, where: int) -> _TcHook:
-    return _TcHook(sz=ctypes.sizeof(_TcHook), ifindex=ifindex, attach_point=where)
-
-
-def tc_attach(ifindex: int, prog_fd: int, where: int = TC_EGRESS, handle: int = 1,
-              priority: int = 1, replace: bool = True) -> int:
-    """Attach a SCHED_CLS program (direct-action, as libbpf always does) at
-    ingress or egress of ifindex, creating the clsact qdisc if needed.
-    Returns the attached program id."""
-    hook = _tc_hook(ifindex, where)
-    ret = _bpf_tc_hook_create(ctypes.byref(hook))
-    if ret != -_errno.EEXIST:
-        _check(f"bpf_tc_hook_create(ifindex {ifindex})", ret)
-    opts = _TcOpts(sz=ctypes.sizeof(_TcOpts), prog_fd=prog_fd, handle=handle,
-                   priority=priority, flags=_BPF_TC_F_REPLACE if replace else 0)
-    _check(f"bpf_tc_attach(ifindex {ifindex})", _bpf_tc_attach(ctypes.byref(hook),
-                                                               ctypes.byref(opts)))
-    return opts.prog_id
-
-
-def tc_detach(ifindex: int, where: int = TC_EGRESS, handle: int = 1, priority: int = 1) -> bool:
-    """Remove the filter; False if there was none."""
-    hook = _tc_hook(ifindex, where)
-    opts = _TcOpts(sz=ctypes.sizeof(_TcOpts), handle=handle, priority=priority)
-    ret = _bpf_tc_detach(ctypes.byref(hook), ctypes.byref(opts))
-    if ret in (-_errno.ENOENT, -_errno.EINVAL) and tc_query(ifindex, where, handle, priority) == 0:
-        return False
-    _check(f"bpf_tc_detach(ifindex {ifindex})", ret)
-    return True
 
 
 def tc_query(ifindex: int, where: int = TC_EGRESS, handle: int = 1, priority: int = 1) -> int:
     """Id of the program in that filter slot, 0 if none."""
-    hook = _tc_hook(ifindex, where)
+    hook = _TcHook(sz=ctypes.sizeof(_TcHook), ifindex=ifindex, attach_point=where)
     opts = _TcOpts(sz=ctypes.sizeof(_TcOpts), handle=handle, priority=priority)
     ret = _bpf_tc_query(ctypes.byref(hook), ctypes.byref(opts))
     if ret in (-_errno.ENOENT, -_errno.EINVAL):
         return 0
     _check(f"bpf_tc_query(ifindex {ifindex})", ret)
     return opts.prog_id
-
-
-def tc_hook_destroy(ifindex: int) -> None:
-    """Delete the clsact qdisc of ifindex (all its filters); no error if absent."""
-    hook = _tc_hook(ifindex, TC_INGRESS | TC_EGRESS)
-    ret = _bpf_tc_hook_destroy(ctypes.byref(hook))
-    if ret not in (-_errno.ENOENT, -_errno.EINVAL):
-        _check(f"bpf_tc_hook_destroy(ifindex {ifindex})", ret)
 
 
 def _adopt(cls, fd: int):

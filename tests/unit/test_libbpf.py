@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import uuid
 
 import pytest
 
@@ -199,21 +198,25 @@ def test_map_and_program_from_id(dp):
 
 
 def test_attach_detach(dp, veth):
-    """XDP (native) and tc egress attach on a throwaway veth."""
-    try:
-        libbpf.xdp_attach(veth, dp.rx.fd)
-        assert libbpf.xdp_query_id(veth) == dp.rx.id
-        libbpf.xdp_detach(veth)
-        assert libbpf.xdp_query_id(veth) == 0
+    """The product's attach path (pyroute2) on a throwaway veth: native XDP
+    and the tc egress filter, their ids read back, then removed."""
+    from mrcctl.topology import Netlink
+    from mrcctl.libbpf import TC_INGRESS, tc_query
+    with Netlink() as nl:
+        dev = nl.ipr.link("get", index=veth)[0].get("ifname")
+        try:
+            nl.attach_xdp(dev, dp.rx.fd)
+            assert nl.xdp_prog_id(dev) == dp.rx.id
+            nl.detach_xdp(dev)
+            assert nl.xdp_prog_id(dev) == 0
 
-        pid = libbpf.tc_attach(veth, dp.tx.fd, libbpf.TC_EGRESS)
-        assert pid == dp.tx.id
-        assert libbpf.tc_query(veth, libbpf.TC_EGRESS) == dp.tx.id
-        assert libbpf.tc_query(veth, libbpf.TC_INGRESS) == 0
-        libbpf.tc_attach(veth, dp.tx.fd, libbpf.TC_EGRESS)      # replace is fine
-        assert libbpf.tc_detach(veth, libbpf.TC_EGRESS) is True
-        assert libbpf.tc_query(veth, libbpf.TC_EGRESS) == 0
-        assert libbpf.tc_detach(veth, libbpf.TC_EGRESS) is False
-    finally:
-        libbpf.tc_hook_destroy(veth)
-    libbpf.tc_hook_destroy(veth)    # idempotent
+            nl.attach_tc_egress(dev, dp.tx.fd, "mrc_tx")
+            assert nl.tc_egress_prog_id(dev) == dp.tx.id
+            assert tc_query(veth, TC_INGRESS) == 0
+            nl.attach_tc_egress(dev, dp.tx.fd, "mrc_tx")      # replace is fine
+            assert nl.tc_egress_prog_id(dev) == dp.tx.id
+        finally:
+            nl.detach_tc(dev)
+        assert nl.tc_egress_prog_id(dev) == 0
+        nl.detach_tc(dev)                                    # idempotent
+
