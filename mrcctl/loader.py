@@ -252,7 +252,12 @@ def set_slots(dp: Datapath, peer: cfgmod.Peer, weights: list[int], flip: bool = 
     total = sum(weights)
     # A whole number of weight rounds makes every path's share exact.
     n = (wire.MRC_SLOTS // total) * total if total <= wire.MRC_SLOTS else wire.MRC_SLOTS
-    slots = wire.build_slot_table(weights, n)
+    # Consecutive slots alternate planes (EV-major order), so back-to-back
+    # units drain in parallel instead of queueing behind each other on one
+    # plane: that halves the reordering TCP sees.
+    order = sorted(range(len(weights)), key=lambda i: (peer.paths[i].ev_index, peer.paths[i].plane.index)) \
+        if len(peer.paths) == len(weights) else list(range(len(weights)))
+    slots = [order[s] for s in wire.build_slot_table([weights[i] for i in order], n)]
     slots_m.update(wire.u32(wire.slots_idx(peer.index, idle)), wire.Slots.of(slots).pack())
     if cur.n_paths and flip:
         cur.table = idle
@@ -554,10 +559,8 @@ def _apply(cfg, inst, nl, planes, mtu, digest, prior) -> str:
                       index=nl.index(cfg.overlay_device), address=str(a.ip), prefixlen=a.network.prefixlen)
     _step("creating the overlay device", nl.create_overlay, cfg.overlay_device, mtu, cfg.overlay_address)
     overlay_ifindex = nl.index(cfg.overlay_device)
-    if cfg.gso_max_size:
-        # Smaller spraying units: less reordering between planes (issue 4).
-        _step("setting gso_max_size", nl.ipr.link, "set", index=overlay_ifindex,
-              gso_max_size=cfg.gso_max_size)
+    # The spraying unit: smaller units, less reordering between planes.
+    _step("setting gso_max_size", nl.ipr.link, "set", index=overlay_ifindex, gso_max_size=cfg.spray_unit())
 
     for rt in planes:
         key = f"net/ipv4/conf/{rt.plane.device}/rp_filter"
