@@ -239,6 +239,20 @@ def _path_known(dp: Datapath, idx: int) -> bool:
     return raw is not None and wire.PathLive.unpack(raw).last_ack_ns != 0
 
 
+def slot_table(peer: cfgmod.Peer, weights: list[int], n: int) -> list[int]:
+    """n slots over the peer's paths by weight, consecutive slots on
+    different planes where the weights allow.
+
+    Smooth weighted round robin breaks ties in list order, so it is run over
+    the paths in EV-major order (EV 0 of every plane, then EV 1, ...):
+    back-to-back units then drain in parallel on different planes instead
+    of queueing behind each other on one, which roughly halves the
+    reordering TCP sees (docs/benchmarks/aggregation.md).
+    """
+    order = sorted(range(len(weights)), key=lambda i: (peer.paths[i].ev_index, peer.paths[i].plane.index))
+    return [order[s] for s in wire.build_slot_table([weights[i] for i in order], n)]
+
+
 def set_slots(dp: Datapath, peer: cfgmod.Peer, weights: list[int], flip: bool = True) -> int:
     """Write the idle slot table, then flip the peer to it (atomic for the
     datapath); returns the table written. flip=False leaves the flip to the
@@ -252,12 +266,7 @@ def set_slots(dp: Datapath, peer: cfgmod.Peer, weights: list[int], flip: bool = 
     total = sum(weights)
     # A whole number of weight rounds makes every path's share exact.
     n = (wire.MRC_SLOTS // total) * total if total <= wire.MRC_SLOTS else wire.MRC_SLOTS
-    # Consecutive slots alternate planes (EV-major order), so back-to-back
-    # units drain in parallel instead of queueing behind each other on one
-    # plane: that halves the reordering TCP sees.
-    order = sorted(range(len(weights)), key=lambda i: (peer.paths[i].ev_index, peer.paths[i].plane.index)) \
-        if len(peer.paths) == len(weights) else list(range(len(weights)))
-    slots = [order[s] for s in wire.build_slot_table([weights[i] for i in order], n)]
+    slots = slot_table(peer, weights, n)
     slots_m.update(wire.u32(wire.slots_idx(peer.index, idle)), wire.Slots.of(slots).pack())
     if cur.n_paths and flip:
         cur.table = idle
