@@ -176,6 +176,13 @@ def _int_in(where: str, value, lo: int, hi: int) -> int:
     return value
 
 
+def _float_in(where: str, value, lo: float, hi: float) -> float:
+    value = _typed(where, value, float)
+    if not lo <= value <= hi:
+        raise ConfigError(f"{where}: {value:g} is out of range {lo:g}..{hi:g}")
+    return value
+
+
 def _ifname(where: str, value) -> str:
     value = _typed(where, value, str)
     if not IFNAME_RE.match(value):
@@ -297,12 +304,8 @@ def _weights(w) -> Weights:
     mode = _typed("weights.mode", w.get("mode", d.mode), str)
     if mode not in WEIGHT_MODES:
         raise ConfigError(f"weights.mode: {mode!r} is not one of {', '.join(WEIGHT_MODES)}")
-    iv = _typed("weights.interval_ms", w.get("interval_ms", d.interval_ms), float)
-    if not 1 <= iv <= 10000:
-        raise ConfigError(f"weights.interval_ms: {iv:g} is out of range 1..10000")
-    mw = _typed("weights.min_weight", w.get("min_weight", d.min_weight), float)
-    if not 0 <= mw <= 0.5:
-        raise ConfigError(f"weights.min_weight: {mw:g} is out of range 0..0.5")
+    iv = _float_in("weights.interval_ms", w.get("interval_ms", d.interval_ms), 1, 10000)
+    mw = _float_in("weights.min_weight", w.get("min_weight", d.min_weight), 0, 0.5)
     return Weights(mode=mode, interval_ms=iv, min_weight=mw)
 
 
@@ -336,12 +339,8 @@ def _health(h) -> Health:
     _check_keys("health", h, {"dead_after_ms", "probe_interval_ms", "recover_probes", "hedge", "liveness",
                               "hedge_after_ms"})
     d = Health()
-    dead = _typed("health.dead_after_ms", h.get("dead_after_ms", d.dead_after_ms), float)
-    if not 0.5 <= dead <= 60000:
-        raise ConfigError(f"health.dead_after_ms: {dead:g} is out of range 0.5..60000")
-    probe = _typed("health.probe_interval_ms", h.get("probe_interval_ms", d.probe_interval_ms), float)
-    if not 1 <= probe <= 60000:
-        raise ConfigError(f"health.probe_interval_ms: {probe:g} is out of range 1..60000")
+    dead = _float_in("health.dead_after_ms", h.get("dead_after_ms", d.dead_after_ms), 0.5, 60000)
+    probe = _float_in("health.probe_interval_ms", h.get("probe_interval_ms", d.probe_interval_ms), 1, 60000)
     k = _int_in("health.recover_probes", h.get("recover_probes", d.recover_probes), 1, 100)
     hedge = h.get("hedge", d.hedge)
     if hedge != "always":
