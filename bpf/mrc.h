@@ -177,6 +177,9 @@ struct mrc_path_live {
 	__u64	ev_ack_ns;	/* sender: last_ack_ns when last looked at */
 	__u64	strike_ns;	/* sender: first overdue verdict, waiting for a
 				 * second one (0: none) */
+	__u32	last_rx_unit;	/* receiver: PSN of the unit last_rx_ts came
+				 * from (its segments share one header) */
+	__u32	rsvd;
 };
 
 /* mrc_peer_seq: ARRAY[MRC_MAX_PEERS], shared by all CPUs, atomically updated. */

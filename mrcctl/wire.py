@@ -447,7 +447,7 @@ class PathLive(_Struct):
                         ("unacked_ns", "Q"), ("bad_ns", "Q"), ("good_ns", "Q"),
                         ("probe_seq", "I"), ("probe_ok", "I"), ("flaps", "I"),
                         ("fb_echoed", "I"), ("ev_rx_ns", "Q"), ("ev_gap_us", "I"), ("ev_rtt_us", "I"),
-                        ("ev_ack_ns", "Q"), ("strike_ns", "Q"))
+                        ("ev_ack_ns", "Q"), ("strike_ns", "Q"), ("last_rx_unit", "I"), ("rsvd", "I"))
     last_ack_ns: int = 0
     last_rx_ns: int = 0
     last_rx_ts: int = 0
@@ -466,6 +466,8 @@ class PathLive(_Struct):
     ev_rtt_us: int = 0
     ev_ack_ns: int = 0
     strike_ns: int = 0
+    last_rx_unit: int = 0
+    rsvd: int = 0
 
 
 @dataclass

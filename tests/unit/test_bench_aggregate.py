@@ -16,8 +16,10 @@ def test_per_packet_cost_smoke(bpf_objects):
     seen = []
     res = bench.per_packet_cost(2000, seen.append)
     assert res["packets"] == 2000
-    for k in ("mrc_tx", "mrc_rx", "bare tc redirect", "bare xdp pass"):
+    progs = ("bare tc redirect", "floor tc clock + encap", "mrc_tx", "bare xdp pass", "floor xdp decap",
+             "mrc_rx", "mrc_rx 16K units")
+    for k in progs:
         assert res[k] > 0, k
-    assert res["tx_ratio"] > 1 and res["rx_ratio"] > 1
+    assert res["tx_ratio"] > 1 and res["rx_ratio"] > 1 and res["rx_units_ratio"] > 1
     assert res["drops_during_bench"] == {}, "every packet must take the forwarding path"
-    assert len(seen) == 4
+    assert [s["per_packet_ns"] for s in seen] == [*progs[:-1], "bare xdp pass", progs[-1]]

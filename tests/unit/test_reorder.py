@@ -197,3 +197,38 @@ def test_path_delay_counts_fresh_echoes_only(dp):
     assert d2.samples == 2 and d2.last_fb_ts == ts2
     assert d2.ewma_us == d.ewma_us - (d.ewma_us >> 2) + (d2.rtt_us >> 2)
     assert delay(dp, 1).samples == 0
+
+
+def unit_segment(unit_psn: int, j: int, segs: int, tx_ts: int, fb_ts: int) -> bytes:
+    """Segment j of a unit of `segs` 100-byte TCP segments, echoing our path 2."""
+    inner = pkt.ipv4(PEER_OVERLAY, LOCAL_OVERLAY, pkt.IPPROTO_TCP,
+                     pkt.tcp(5201, 40001, 1000 + 100 * j, b"u" * 100))
+    hdr = wire.encode_mrc_hdr(path_id=0, psn=unit_psn, tx_ts=tx_ts, segs=segs, seg_size=100, seq0=1000,
+                              flags=wire.MRC_F_FEEDBACK, fb_path=2, fb_ts=fb_ts)
+    return pkt.eth(OUR_MAC, PEER_MAC, pkt.ETH_P_IP) + pkt.ipv4(
+        PATHS[0].daddr, PATHS[0].saddr, pkt.IPPROTO_UDP, pkt.udp(49152, UDP_PORT, hdr + inner))
+
+
+def test_a_unit_is_one_receipt_whichever_segment_arrives_first(dp):
+    """The segments of a unit share its header: the first of them to arrive
+    (here the third) dates the receipt and applies the echo; the others are
+    still counted per wire packet but neither re-date it nor re-apply the echo."""
+    from unit_dp import now_us
+    fb = (now_us() - 2000) & 0xFFFFFFFF
+    feed(dp, [39])                                        # the stream so far
+    for j in (2, 0, 1, 3):
+        assert dp.run_rx(unit_segment(40, j, 4, tx_ts=777, fb_ts=fb))[0] == XDP_PASS
+        if j == 2:
+            first = dp.live(0)
+    after = dp.live(0)
+    assert first.last_rx_ts == 777 and first.last_rx_unit == 40 and first.last_rx_ns
+    assert after.last_rx_ns == first.last_rx_ns            # dated by the first segment only
+    assert delay(dp, 2).samples == 1                       # one echo, applied once
+    r = reorder(dp)
+    # still accounted per wire packet: PSNs 42, 40, 41, 43 after 39
+    assert (r.rx_packets, r.ooo, r.dup, r.lost) == (5, 2, 0, 0)
+    # the next unit on the path, even within the same microsecond, is a new receipt
+    fb2 = (now_us() - 1000) & 0xFFFFFFFF
+    dp.run_rx(unit_segment(44, 0, 4, tx_ts=777, fb_ts=fb2))
+    assert dp.live(0).last_rx_unit == 44 and dp.live(0).last_rx_ns > first.last_rx_ns
+    assert delay(dp, 2).samples == 2
