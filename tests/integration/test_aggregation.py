@@ -160,15 +160,20 @@ def test_flowlet_moves_after_idle_gaps(lab4):
 def test_weighted_transfer_and_reorder_counters(lab4):
     spray(lab4, "weighted")
     r0 = lab4.status(1)["peers"][0]["reorder"]
+    drops0 = lab4.plane_drops(0)
     send, recv = lab4.transfer(0, 1, "32M", port=5004)
     assert recv["sha256"] == send["sha256"]
     snap = lab4.status(1)
     r1 = snap["peers"][0]["reorder"]
+    drops = lab4.plane_drops(0) - drops0
     assert r1["rx_packets"] - r0["rx_packets"] >= (32 << 20) // 1500
     assert set(r1) >= {"ooo", "dup", "lost", "late", "net_lost", "loss_ratio", "hist"}
     assert len(r1["hist"]) == 16 and list(r1["hist"])[:3] == ["1", "2-3", "4-7"]
-    # a clean link: no loss, no duplicates; any reordering is in the histogram
-    assert r1["net_lost"] == 0 and r1["dup"] == 0
+    # no duplicates, and no loss but what the sender's planes really dropped
+    # (an unshaped plane's pfifo can overflow when the receiving CPU lags);
+    # any reordering is in the histogram
+    assert r1["dup"] == r0["dup"]
+    assert r1["net_lost"] - r0["net_lost"] <= drops, (r1["net_lost"] - r0["net_lost"], drops)
     assert sum(r1["hist"].values()) == r1["ooo"]
     path = snap["peers"][0]["paths"][0]
     assert {"rx_late", "rx_ooo_hist", "slot_share"} <= set(path)

@@ -179,6 +179,8 @@ def test_agent_kill_loses_nothing_and_up_adopts(crash_lab):
 
     tl = lab.tmp / "kill-timeline.json"
     r0 = retrans(lab)
+    lost0 = lab.status(1)["peers"][0]["reorder"]["net_lost"]
+    drops0 = lab.plane_drops(0)
     tx0 = sum(p["tx_packets"] for p in lab.paths(0))
     t_start = time.monotonic()
     recv, send = transfer_bg(lab, "128M", 5102, seed=4, timeline=tl)
@@ -188,6 +190,8 @@ def test_agent_kill_loses_nothing_and_up_adopts(crash_lab):
     t_kill = time.monotonic() - t_start
     s, r = finish(lab, recv, send)
     killed = retrans(lab) - r0
+    lost = lab.status(1)["peers"][0]["reorder"]["net_lost"] - lost0
+    drops = lab.plane_drops(0) - drops0
     for i in (0, 1):
         deadline = time.monotonic() + 5
         while os.path.exists(f"/proc/{before[i]['agent_pid']}") and time.monotonic() < deadline:
@@ -196,13 +200,16 @@ def test_agent_kill_loses_nothing_and_up_adopts(crash_lab):
     # the receiver's clock starts after t_start: it ended >= 0.3 s after the kill
     assert r["seconds"] > t_kill + 0.3, "the transfer must still be running when the agents die"
     print(f"agent kill: transfer {r['seconds']} s, retransmissions {killed} (without a kill {noise}), "
+          f"wire packets lost {lost} (plane drops {drops}), "
           f"longest goodput gap {max_gap_ms(tl)} ms (without a kill {max_gap_ms(base_tl)} ms)")
     # The datapath never paused: no 300 ms hole in the receiver's goodput,
-    # and no more retransmissions than a transfer without a kill, give or
-    # take the reordering noise.
+    # and it lost no wire packet beyond what the planes' queues dropped.
+    # (TCP's retransmissions are printed, not asserted: spraying's
+    # reordering makes them swing from hundreds to ~20k between identical
+    # runs on these 200 Mbit/s planes.)
     assert max_gap_ms(tl) < max(300, 2 * max_gap_ms(base_tl) + 100), \
         f"goodput stalled {max_gap_ms(tl)} ms (without a kill: {max_gap_ms(base_tl)} ms)"
-    assert killed <= 3 * noise + 500, (killed, noise)
+    assert lost <= drops, (lost, drops)
 
     # `up` again adopts: same programs, attachments untouched, counters go on
     for i in (1, 0):
