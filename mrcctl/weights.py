@@ -128,7 +128,8 @@ def quantize(shares: list[float], usable: list[bool], total: int = SCALE) -> lis
 
 def step_capacity(c: list[float | None], d: list[float], q_us: list[float | None],
                   sent: list[int], usable: list[bool], idle: list[int],
-                  offered: list[float] | None = None) -> list[float | None]:
+                  offered: list[float] | None = None,
+                  local: list[bool] | None = None) -> list[float | None]:
     """One control step (pure, unit-tested): new capacity estimates per
     plane from delivered rates d (bytes/s), queueing delays q (None: no
     fresh sample) and bytes sent on each plane this interval. `idle` counts,
@@ -136,13 +137,21 @@ def step_capacity(c: list[float | None], d: list[float], q_us: list[float | None
     place). `offered` (bytes/s handed to the plane) tells a saturated plane
     from a queue draining because the sender backed off: the delay echoes
     lag by the queue's own length, so only a plane still offered at least
-    what it delivers gives a capacity reading."""
+    what it delivers gives a capacity reading - unless `local` says the
+    queue is the plane's own qdisc backlog, read now: a queue that is still
+    full delivers at the plane's rate, so one delivering far under the
+    estimate is a rate drop whatever the sender offers (a rate cut makes
+    TCP back off at once: waiting for it to offer again cost 100-200 ms)."""
     out = list(c)
     offered = offered or d
+    local = local or [False] * len(c)
     for i in range(len(c)):
         if not usable[i]:
             continue
-        if q_us[i] is not None and q_us[i] > Q_SAT_US and d[i] > 0 and offered[i] < 0.9 * d[i]:
+        if local[i] and q_us[i] is not None and q_us[i] > Q_SAT_US and c[i] and 0 < d[i] < 0.7 * c[i]:
+            idle[i] = 0
+            out[i] = d[i]
+        elif q_us[i] is not None and q_us[i] > Q_SAT_US and d[i] > 0 and offered[i] < 0.9 * d[i]:
             idle[i] = 0       # draining, not measuring: keep the estimate
         elif q_us[i] is not None and q_us[i] > Q_SAT_US and d[i] > 0:
             # saturated: it delivers what it can; averaged over the
@@ -335,16 +344,18 @@ class Controller:
             # the bottlenecks beyond it.
             backlog = self._backlogs(now) if any(x is not None and x > Q_SAT_US for x in q_own) \
                 or (self.backlog_cache and any(self.backlog_cache[1].values())) else {}
+            full = [False] * len(st.devices)
             for k, devname in enumerate(st.devices):
                 idx = self._ifindex(devname)
                 if idx in backlog and g_d[k] > 0:
                     local = backlog[idx] / g_d[k] * 1e6
                     q_own[k] = local if local > Q_SAT_US or q_own[k] is None else min(q_own[k], local)
+                    full[k] = local > Q_SAT_US
             if not any(x is not None and x > Q_SAT_US for x in q_own):
                 # No plane has a queue of its own: every one has room, there
                 # is nothing to learn, and moving weight would only reorder.
                 continue
-            st.c = step_capacity(st.c, g_d, q_own, g_sent, g_usable, st.idle, [x / dt for x in g_sent])
+            st.c = step_capacity(st.c, g_d, q_own, g_sent, g_usable, st.idle, [x / dt for x in g_sent], full)
             w = shares(st.c, g_usable, self.cfg.weights.min_weight)
             if not any(w):
                 continue

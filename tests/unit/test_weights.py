@@ -11,10 +11,10 @@ from mrcctl import weights as W
 MB = 1e6 / 8   # bytes/s in one Mbit/s
 
 
-def run(c, d, q, sent=None, usable=None, idle=None, offered=None):
+def run(c, d, q, sent=None, usable=None, idle=None, offered=None, local=None):
     n = len(d)
     idle = idle if idle is not None else [0] * n
-    return W.step_capacity(c, d, q, sent or [1] * n, usable or [True] * n, idle, offered), idle
+    return W.step_capacity(c, d, q, sent or [1] * n, usable or [True] * n, idle, offered, local), idle
 
 
 def test_saturated_plane_is_estimated_at_its_delivered_rate():
@@ -33,6 +33,16 @@ def test_rate_drop_is_taken_at_once():
 def test_draining_queue_is_no_capacity_reading():
     # the sender backed off (offers 10 while 50 leaves): keep the estimate
     c, _ = run([200 * MB], [50 * MB], [20000], offered=[10 * MB])
+    assert c == [200 * MB]
+
+
+def test_full_local_queue_delivering_less_is_a_rate_drop_even_when_the_sender_backed_off():
+    # the plane's own qdisc still holds 20 ms: it delivers at its rate, so
+    # 50 against an estimate of 200 is the plane, not the sender
+    c, _ = run([200 * MB], [50 * MB], [20000], offered=[10 * MB], local=[True])
+    assert c == [50 * MB]
+    # a local queue delivering near the estimate is only draining: no reading
+    c, _ = run([200 * MB], [180 * MB], [20000], offered=[10 * MB], local=[True])
     assert c == [200 * MB]
 
 
