@@ -560,20 +560,21 @@ NOTES = """
   DSS option costs it under 2 %) measures 3.74-3.76: on equal planes mrc can reach at most
   **0.98 x MPTCP**, and any UDP encapsulation at all (28 bytes of outer IPv4 + UDP before the
   first MRC field) at most 0.998 x. The goal of 1.0 x MPTCP on equal planes is therefore out of
-  reach at MTU 1500 by arithmetic, not by spraying; mrc weighted reaches 0.93-0.97 of its own
-  ceiling. `unit/n` is the default configuration on 4 planes (16 KiB units), so its rows there
+  reach at MTU 1500 by arithmetic, not by spraying; mrc weighted reaches 0.94-0.98 of its own
+  ceiling (three runs on the same day). `unit/n` is the default configuration on 4 planes (16 KiB units), so its rows there
   are a repeat run: their spread (about 3 %) is this machine's run-to-run noise.
 * **Per-packet cost.** The floor rows are what this VM charges before any of mrc's own work:
   reading the clock (~35 ns here) and `bpf_skb_adjust_room` (~40 ns) already make ~1.9 x a
   bare redirect, so a transmit program that also parses, picks a path, judges its health and
-  numbers the packet cannot meet the 2 x goal here; mrc_tx is about 2 x its floor. On receive
+  numbers the packet cannot meet the 2 x goal here; mrc_tx is 1.85-2.05 x its floor. On receive
   the first segment of a unit to arrive is the receipt (it reads the clock, dates the path's
   evidence and applies the peer's echo); later segments of the unit only count and decapsulate,
   so in a sprayed TCP stream mrc_rx costs ~2 x a bare `XDP_PASS`, against 2.6 x when every
   packet is a unit of its own.
-* **Where the goals stand.** On equal planes one connection reaches 0.92-0.95 x MPTCP (ceiling
-  0.98 x, above). On unequal planes it reaches 1.04-1.05 x MPTCP and 0.89-0.90 x the sum (goal
-  0.90 x), with retransmissions of 0.9-1.1 % of segments, nearly all spurious (DSACKs): the
+* **Where the goals stand** (three runs on the same day). On equal planes one connection reaches
+  0.92-0.96 x MPTCP (ceiling 0.98 x, above), on 8 planes 0.93-0.97 x. On unequal planes it reaches
+  1.04-1.10 x MPTCP and 0.89-0.90 x the sum (goal 0.90 x), with retransmissions of 0.9-1.1 % of
+  segments, nearly all spurious (DSACKs): the
   run-to-run noise straddles both the 0.90 x and the 1 % line. The `unshaped` rows put mrc's
   CPU ceiling at 4.3 Gbit/s (16 KiB units) on this 2-core VM, near the sum of the shaped planes:
   with native XDP on a veth the sender segments every unit in software and the receiver copies
