@@ -223,6 +223,7 @@ struct mrc_path_stats {
 struct mrc_rx_win {
 	__u64	max;		/* highest wire PSN seen (32-bit, wrap-safe) */
 	__u64	started;	/* nonzero once the first packet set the window */
+	__u64	advancing;	/* 1 while one CPU moves the top (bpf/reorder.h) */
 	__u64	bits[MRC_WIN_WORDS];
 };
 

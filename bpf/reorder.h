@@ -36,6 +36,7 @@
 /* A wire PSN this far from the highest seen is not reordering but a
  * restarted sender: start a fresh window. */
 #define RO_RESYNC	(1 << 24)
+#define RO_ADVANCE_SPIN	64	/* tries for the top while another CPU moves it */
 #define RO_WORD_MASK	((1U << 26) - 1)	/* word numbers of a 32-bit PSN */
 
 enum ro_verdict {
@@ -128,7 +129,7 @@ static __always_inline int reorder_account(__u32 peer_idx, __u32 psn,
 	struct mrc_rx_win *w = bpf_map_lookup_elem(&mrc_rx_win, &peer_idx);
 	struct mrc_reorder *ro = bpf_map_lookup_elem(&mrc_reorder, &peer_idx);
 	__u64 bit, old;
-	__u32 max;
+	__u32 max, i;
 	__s32 d;
 
 	if (!w || !ro)
@@ -145,19 +146,36 @@ static __always_inline int reorder_account(__u32 peer_idx, __u32 psn,
 		return RO_NEW;
 	}
 	if (d > 0) {
-		/* One CPU wins the advance from max; a loser re-reads the new
-		 * top once and is judged against it. */
-		if (__sync_val_compare_and_swap(&w->max, (__u64)max, (__u64)psn) == max) {
-			ro->lost += ro_advance(w, max, psn);
-			if (seq)
-				seq->rx_psn_max = psn;
-		} else {
-			max = (__u32)w->max;
-			d = (__s32)(psn - max);
-			if (d > 0) {
-				/* raced twice: count it in order, skip the window */
-				return RO_NEW;
+		/* One CPU at a time moves the top, and it clears the words
+		 * entering the window *before* it publishes the new top: a CPU
+		 * judged against the new top then never sets a bit in a word
+		 * still to be cleared (that bit would be lost, and its PSN
+		 * counted as loss). Others wait for it, briefly, and are then
+		 * judged against the top it left. */
+		bool owned = false;
+
+		for (i = 0; i < RO_ADVANCE_SPIN; i++) {
+			if (__sync_val_compare_and_swap(&w->advancing, 0, 1) == 0) {
+				owned = true;
+				break;
 			}
+		}
+		max = (__u32)w->max;
+		d = (__s32)(psn - max);
+		if (owned) {
+			if (d > 0) {
+				ro->lost += ro_advance(w, max, psn);
+				__sync_lock_test_and_set(&w->max, (__u64)psn);
+				if (seq)
+					seq->rx_psn_max = psn;
+				max = psn;
+				d = 0;
+			}
+			__sync_lock_test_and_set(&w->advancing, 0);
+		} else if (d > 0) {
+			/* the top stayed taken for the whole wait (not seen
+			 * here): counted, not marked */
+			return RO_NEW;
 		}
 	}
 	/* Word granularity: the window is the 64 words up to the top's. */

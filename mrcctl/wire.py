@@ -550,9 +550,10 @@ class PathStats(_Counters):
 class RxWin(_Counters):
     """struct mrc_rx_win: the receiver's per-peer reorder window (shared)."""
     C_NAME: ClassVar[str] = "mrc_rx_win"
-    LAYOUT: ClassVar = (("max", "Q"), ("started", "Q"), ("bits", f"{MRC_WIN_WORDS}Q"))
+    LAYOUT: ClassVar = (("max", "Q"), ("started", "Q"), ("advancing", "Q"), ("bits", f"{MRC_WIN_WORDS}Q"))
     max: int = 0
     started: int = 0
+    advancing: int = 0
     bits: list[int] = field(default_factory=lambda: [0] * MRC_WIN_WORDS)
 
 
