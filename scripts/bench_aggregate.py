@@ -532,7 +532,7 @@ NOTES = """
   answer it: the slot table alternates planes from one slot to the next (units drain side by side
   instead of queueing behind each other on one plane), and the overlay's unit is 64 KiB / planes,
   at least 16 KiB (`overlay.gso_max_size` overrides it). `8K` halves the unit: on unequal
-  planes a fifth of the retransmissions (0.2 %) for ~3 % of goodput; on equal and on 8 planes
+  planes a fifth of the retransmissions (0.2 %) for 0-3 % of goodput; on equal and on 8 planes
   the CPU cost of twice the units outweighs what it saves.
 * **The sender's TCP sysctls** (`tcp_reordering` 300, `tcp_recovery` 0, `tcp_max_reordering`) were
   measured during development and did not cut the spurious retransmissions of 64 KiB units
@@ -560,16 +560,19 @@ NOTES = """
   **0.98 x MPTCP**, and any UDP encapsulation at all (28 bytes of outer IPv4 + UDP before the
   first MRC field) at most 0.998 x. The goal of 1.0 x MPTCP on equal planes is therefore out of
   reach at MTU 1500 by arithmetic, not by spraying; mrc weighted reaches 0.94-0.98 of its own
-  ceiling (four runs on the same day; run-to-run spread about 3 %).
+  ceiling (five runs on the same day; run-to-run spread about 3 %).
 * **Per-packet cost.** The floor rows are what this VM charges before any of mrc's own work:
   reading the clock (~35 ns here) and `bpf_skb_adjust_room` (~40 ns) already make ~1.9 x a
   bare redirect, so a transmit program that also parses, picks a path, judges its health and
   numbers the packet cannot meet the 2 x goal here; mrc_tx is 1.85-2.05 x its floor. On receive
   the first segment of a unit to arrive is the receipt (it reads the clock, dates the path's
   evidence and applies the peer's echo); later segments of the unit only count and decapsulate,
-  so in a sprayed TCP stream mrc_rx costs ~2 x a bare `XDP_PASS`, against 2.6 x when every
-  packet is a unit of its own.
-* **Where the goals stand** (four runs on the same day). On equal planes one connection reaches
+  so in a sprayed TCP stream mrc_rx costs 2.1-2.4 x a bare `XDP_PASS`, against 2.7-3.1 x when
+  every packet is a unit of its own. About 12 ns of that is the per-peer reorder window's
+  advance, which one CPU at a time performs (else a PSN marked by one CPU while another moved
+  the window could be wiped and counted lost). The bare programs themselves vary 65-85 ns
+  between runs, which moves every ratio by +-10 %.
+* **Where the goals stand** (five runs on the same day). On equal planes one connection reaches
   0.92-0.96 x MPTCP (ceiling 0.98 x, above), on 8 planes 0.93-0.97 x. On unequal planes it reaches
   1.04-1.15 x MPTCP and 0.88-0.90 x the sum (goal 0.90 x), with retransmissions of 0.9-1.1 % of
   segments, nearly all spurious (DSACKs): the
