@@ -46,6 +46,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests" / "integration"))
 
 from lab import Lab  # noqa: E402
+from scripts import preflight  # noqa: E402
 from mrcctl import wire  # noqa: E402
 
 OUT_DIR = REPO / "docs" / "benchmarks"
@@ -624,8 +625,9 @@ def main(argv=None) -> int:
     ap.add_argument("--scenarios", default=None, help="comma list of " + ",".join(SCENARIOS))
     ap.add_argument("--out", default=str(OUT_DIR / "aggregation"), help="output path without extension")
     args = ap.parse_args(argv)
-    if os.geteuid() != 0:
-        print("bench_aggregate: needs root", file=sys.stderr)
+    err = preflight("bench_aggregate.py", "namespaces, BPF")
+    if err:
+        print(err, file=sys.stderr)
         return 2
     args.seconds = args.seconds or (2 if args.quick else 5)
     packets = args.packets or (20_000 if args.quick else 100_000)
@@ -636,7 +638,6 @@ def main(argv=None) -> int:
         names = args.scenarios.split(",") if args.scenarios else list(SCENARIOS)
         plan = {s: (["tcp 1 plane", "mptcp", "mrc weighted", "mrc weighted 64K"] if s == "unshaped"
                     else all_methods) for s in names}
-    subprocess.run(["make", "-s", "-C", str(REPO / "bpf")], check=True)
     started = time.time()
     load = {"before": os.getloadavg()[0].__round__(2)}
     rows: list[dict] = []

@@ -40,6 +40,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests" / "integration"))
 
 from lab import XFER, Lab  # noqa: E402
+from scripts import preflight  # noqa: E402
 from mrcctl.testbed import Testbed  # noqa: E402
 
 PORT = 5001
@@ -327,8 +328,9 @@ def main() -> int:
     ap.add_argument("--tmp", default="/tmp/mrc-bench-failover")
     ap.add_argument("--no-probe-cpu", action="store_true", help="skip the 256-path probe CPU measurement")
     a = ap.parse_args()
-    if os.geteuid() != 0:
-        print("bench_failover.py: must run as root", file=sys.stderr)
+    err = preflight("bench_failover.py", "namespaces, BPF")
+    if err:
+        print(err, file=sys.stderr)
         return 1
     out, tmp = Path(a.out), Path(a.tmp)
     out.mkdir(parents=True, exist_ok=True)

@@ -31,6 +31,7 @@ sys.path.insert(0, str(REPO))
 
 import fuzzgen  # noqa: E402
 from unit_dp import Datapath  # noqa: E402
+from scripts import preflight  # noqa: E402
 
 
 def chunks(gen_fn, rng, total: int, size: int):
@@ -48,12 +49,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(REPO / "docs" / "benchmarks" / "fuzz.md"))
     ap.add_argument("--no-write", action="store_true", help="print the summary only")
     a = ap.parse_args(argv)
-    if os.geteuid() != 0:
-        print("fuzz.py: error: needs root (BPF_PROG_TEST_RUN)", file=sys.stderr)
-        return 1
-    r = subprocess.run(["make", "-C", str(REPO / "bpf")], capture_output=True, text=True)
-    if r.returncode != 0:
-        print(f"fuzz.py: error: make -C bpf failed: {r.stderr.strip()[-500:]}", file=sys.stderr)
+    err = preflight("fuzz.py", "BPF_PROG_TEST_RUN")
+    if err:
+        print(err, file=sys.stderr)
         return 1
 
     dp = Datapath(Path(tempfile.gettempdir()))

@@ -36,6 +36,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests" / "integration"))
 
 from lab import Lab  # noqa: E402
+from scripts import preflight  # noqa: E402
 from mrcctl.libbpf import BPF_MAP_TYPE_HASH, BPF_MAP_TYPE_LRU_PERCPU_HASH, BPF_MAP_TYPE_PERCPU_HASH, Map  # noqa: E402
 
 HASH_TYPES = {BPF_MAP_TYPE_HASH, BPF_MAP_TYPE_PERCPU_HASH, 9, BPF_MAP_TYPE_LRU_PERCPU_HASH}  # 9: LRU_HASH
@@ -149,11 +150,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(REPO / "docs" / "benchmarks" / "soak.md"))
     ap.add_argument("--json", action="store_true", help="print the summary as JSON on the last line")
     a = ap.parse_args(argv)
-    if os.geteuid() != 0:
-        print("soak.py: error: needs root (namespaces, BPF)", file=sys.stderr)
-        return 1
-    if subprocess.run(["make", "-C", str(REPO / "bpf")], capture_output=True).returncode:
-        print("soak.py: error: make -C bpf failed", file=sys.stderr)
+    err = preflight("soak.py", "namespaces, BPF")
+    if err:
+        print(err, file=sys.stderr)
         return 1
 
     rng = random.Random(a.seed)
