@@ -188,7 +188,7 @@ class Prober:
         out = []
         for peer in self.cfg.peers:
             for path in peer.paths:
-                key = wire.u32(wire.path_idx(peer.index, path.id))
+                key = wire.path_key(peer.index, path.id)
                 raw = paths_m.lookup(key)
                 if raw is None:
                     continue
@@ -291,7 +291,7 @@ class Health:
             peer = self.cfg.peers[peer_idx]
             good = 0
             for path in peer.paths:
-                key = wire.u32(wire.path_idx(peer_idx, path.id))
+                key = wire.path_key(peer_idx, path.id)
                 if wire.Path.unpack(paths_m.lookup(key)).admin != wire.PathState.DENIED and \
                         wire.PathLive.unpack(live_m.lookup(key)).state == wire.PathState.GOOD:
                     good += 1
@@ -389,7 +389,7 @@ class Health:
         live_m = self.dp.map("mrc_live")
         now = time.monotonic_ns()
         for peer, path in self._plane_paths(dev):
-            key = wire.u32(wire.path_idx(peer.index, path.id))
+            key = wire.path_key(peer.index, path.id)
             lv = wire.PathLive.unpack(live_m.lookup(key))
             if lv.state == wire.PathState.ASSUMED_BAD:
                 # the datapath got there first; still say why it stays so
@@ -409,7 +409,7 @@ class Health:
     def _log_plane(self, dev: str, reason: str) -> None:
         live_m = self.dp.map("mrc_live")
         for peer, path in self._plane_paths(dev):
-            lv = wire.PathLive.unpack(live_m.lookup(wire.u32(wire.path_idx(peer.index, path.id))))
+            lv = wire.PathLive.unpack(live_m.lookup(wire.path_key(peer.index, path.id)))
             self.log.append(event_record(self.cfg, peer.index, path.id, lv.state, lv.state, reason, "agent"))
             self.events += 1
 
@@ -481,7 +481,7 @@ def set_admin(cfg: cfgmod.Config, spec: str, deny: bool) -> list[dict]:
         paths_m, live_m = dp.map("mrc_paths"), dp.map("mrc_live")
         elog = EventLog(events_path(inst))
         for path in paths:
-            key = wire.u32(wire.path_idx(peer.index, path.id))
+            key = wire.path_key(peer.index, path.id)
             ent = wire.Path.unpack(paths_m.lookup(key))
             lv = wire.PathLive.unpack(live_m.lookup(key))
             is_denied = ent.admin == wire.PathState.DENIED

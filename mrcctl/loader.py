@@ -288,7 +288,7 @@ def rebuild_slots(dp: Datapath, cfg: cfgmod.Config, peers=None) -> None:
     for peer in peers if peers is not None else cfg.peers:
         weights, fallback = [], []
         for path in peer.paths:
-            key = wire.u32(wire.path_idx(peer.index, path.id))
+            key = wire.path_key(peer.index, path.id)
             p = wire.Path.unpack(paths_m.lookup(key))
             lv = wire.PathLive.unpack(live_m.lookup(key))
             denied = p.admin == wire.PathState.DENIED
@@ -305,7 +305,7 @@ def set_path_weights(dp: Datapath, peer: cfgmod.Peer, weights: dict[int, int]) -
     """Store path id -> current weight in mrc_paths (see rebuild_slots)."""
     paths_m = dp.map("mrc_paths")
     for pid, w in weights.items():
-        key = wire.u32(wire.path_idx(peer.index, pid))
+        key = wire.path_key(peer.index, pid)
         ent = wire.Path.unpack(paths_m.lookup(key))
         if ent.weight != w:
             ent.weight = w

@@ -25,7 +25,7 @@ def setup(agent: agentmod.Agent) -> None:
         table = nl.neighbour_table()
         for peer in agent.cfg.peers:
             for path in peer.paths:
-                key = wire.u32(wire.path_idx(peer.index, path.id))
+                key = wire.path_key(peer.index, path.id)
                 raw = paths_m.lookup(key)
                 if raw is None:
                     continue

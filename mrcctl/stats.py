@@ -85,7 +85,7 @@ def _snapshot(cfg: cfgmod.Config, dp: Datapath) -> dict:
         seq = wire.PeerSeq.unpack(seq_m.lookup(wire.u32(peer.index)) or bytes(wire.PeerSeq.size()))
         paths = []
         for path in peer.paths:
-            key = wire.u32(wire.path_idx(peer.index, path.id))
+            key = wire.path_key(peer.index, path.id)
             st = wire.PathStats.sum(stats_m.lookup_percpu(key))
             live = wire.PathLive.unpack(live_m.lookup(key))
             pent_path = wire.Path.unpack(paths_m.lookup(key))

@@ -276,7 +276,7 @@ class Controller:
         live_m, paths_m = self.dp.map("mrc_live"), self.dp.map("mrc_paths")
         out = []
         for p in peer.paths:
-            key = wire.u32(wire.path_idx(peer.index, p.id))
+            key = wire.path_key(peer.index, p.id)
             live = wire.PathLive.unpack(live_m.lookup(key))
             path = wire.Path.unpack(paths_m.lookup(key))
             out.append(path.admin != wire.PathState.DENIED and live.state == wire.PathState.GOOD
@@ -288,7 +288,7 @@ class Controller:
         stats_m, delay_m = self.dp.map("mrc_path_stats"), self.dp.map("mrc_path_delay")
         delays, tx = [], []
         for p in peer.paths:
-            key = wire.u32(wire.path_idx(peer.index, p.id))
+            key = wire.path_key(peer.index, p.id)
             delays.append(wire.PathDelay.unpack(delay_m.lookup(key)))
             tx.append(sum(int.from_bytes(v[8:16], sys.byteorder) for v in stats_m.lookup_percpu(key)))
         return delays, self._usable(peer, now), tx
@@ -390,7 +390,7 @@ class Controller:
             srtts = []
             usable = self._usable(peer, now)
             for p, ok in zip(peer.paths, usable):
-                d = wire.PathDelay.unpack(delay_m.lookup(wire.u32(wire.path_idx(peer.index, p.id))))
+                d = wire.PathDelay.unpack(delay_m.lookup(wire.path_key(peer.index, p.id)))
                 # fresh-echo RTTs only (a re-echoed old timestamp measures idleness)
                 if d.samples and d.ewma_us and ok:
                     srtts.append(d.ewma_us)
@@ -478,7 +478,7 @@ def sample(cfg: cfgmod.Config, seconds: float, interval_ms: float, out: str) -> 
                 tx: dict[str, int] = {}
                 for p, c in zip(peer.paths, counts):
                     planes[p.plane.device] = planes.get(p.plane.device, 0.0) + c / total
-                    key = wire.u32(wire.path_idx(peer.index, p.id))
+                    key = wire.path_key(peer.index, p.id)
                     tx[p.plane.device] = tx.get(p.plane.device, 0) + sum(
                         int.from_bytes(v[8:16], sys.byteorder) for v in stats_m.lookup_percpu(key))
                 rows.append({"t": t, "peer": peer.name, "shares": planes, "tx_bytes": tx})

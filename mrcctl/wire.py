@@ -57,6 +57,11 @@ def path_idx(peer: int, path: int) -> int:
     return peer * MRC_MAX_PATHS + path
 
 
+def path_key(peer: int, path: int) -> bytes:
+    """The map key of (peer, path) in mrc_paths/mrc_live/mrc_path_stats/mrc_path_delay."""
+    return u32(path_idx(peer, path))
+
+
 def slots_idx(peer: int, table: int) -> int:
     """Index into mrc_slots: peer * 2 + table."""
     return peer * 2 + (table & 1)

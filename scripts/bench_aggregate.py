@@ -278,8 +278,8 @@ def per_packet_cost(n: int, log) -> dict:
     paths = [p for p in PATHS if p.family == 4][:2]
     maps["mrc_peers"].update(wire.u32(PEER), wire.Peer(n_paths=len(paths), overlay=PEER_OVERLAY).pack())
     for i, p in enumerate(paths):
-        maps["mrc_paths"].update(wire.u32(wire.path_idx(PEER, i)), p.pack())
-        maps["mrc_live"].update(wire.u32(wire.path_idx(PEER, i)),
+        maps["mrc_paths"].update(wire.path_key(PEER, i), p.pack())
+        maps["mrc_live"].update(wire.path_key(PEER, i),
                                 wire.PathLive(last_ack_ns=time.monotonic_ns()).pack())
         key = wire.RxKey(ifindex=1, family=4, addr=p.daddr).pack()
         maps["mrc_rx_peers"].update(key, wire.RxPeer(peer=PEER, plane=p.plane).pack())

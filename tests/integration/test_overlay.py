@@ -188,7 +188,7 @@ def test_agent_restores_a_wrong_neighbour_mac(lab2):
 
     ino = int(lab2.tb.exec(0, ["stat", "-L", "-c", "%i", "/proc/self/ns/net"]).stdout)
     state = Instance("mrc0", netns=ino).read()
-    key = wire.u32(wire.path_idx(0, 0))
+    key = wire.path_key(0, 0)
     with Map.from_id(state["map_ids"]["mrc_paths"]) as paths:
         good = wire.Path.unpack(paths.lookup(key))
         assert good.dmac == lab2.tb.mac(1, 0, 0)

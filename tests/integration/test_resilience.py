@@ -140,7 +140,7 @@ def check_tables(lab: Lab, i: int, evs: int, planes: list[int]) -> None:
         assert 0 < slots.n and max(slots.slot[:slots.n]) < peer.n_paths
         j = lab.tb.peers(i)[0]
         for pid in range(peer.n_paths):
-            path = wire.Path.unpack(pa.lookup(wire.u32(wire.path_idx(0, pid))))
+            path = wire.Path.unpack(pa.lookup(wire.path_key(0, pid)))
             dev = lab.tb.dev(i, j, planes[pid // evs])
             assert path.ev == 49152 + pid
             assert path.ifindex == int(lab.tb.exec(i, ["cat", f"/sys/class/net/{dev}/ifindex"]).stdout)

@@ -174,7 +174,7 @@ def feedback_frame(fb_path: int, fb_ts: int, psn: int) -> bytes:
 
 
 def delay(dp, path: int) -> wire.PathDelay:
-    return wire.PathDelay.unpack(dp.maps["mrc_path_delay"].lookup(wire.u32(wire.path_idx(PEER, path))))
+    return wire.PathDelay.unpack(dp.maps["mrc_path_delay"].lookup(wire.path_key(PEER, path)))
 
 
 def test_path_delay_counts_fresh_echoes_only(dp):

@@ -83,14 +83,14 @@ class Datapath:
 
     def set_paths(self, paths, peer: int = PEER):
         for i, p in enumerate(paths):
-            self.maps["mrc_paths"].update(wire.u32(wire.path_idx(peer, i)), p.pack())
+            self.maps["mrc_paths"].update(wire.path_key(peer, i), p.pack())
 
     def set_slots(self, table, which: int = 0, peer: int = PEER):
         self.maps["mrc_slots"].update(wire.u32(wire.slots_idx(peer, which)),
                                       wire.Slots.of(table).pack())
 
     def set_live(self, path: int, peer: int = PEER, **kw):
-        self.maps["mrc_live"].update(wire.u32(wire.path_idx(peer, path)),
+        self.maps["mrc_live"].update(wire.path_key(peer, path),
                                      wire.PathLive(**kw).pack())
 
     def set_seq(self, peer: int = PEER, **kw):
@@ -115,14 +115,14 @@ class Datapath:
 
     # --- reading state
     def live(self, path: int, peer: int = PEER) -> wire.PathLive:
-        return wire.PathLive.unpack(self.maps["mrc_live"].lookup(wire.u32(wire.path_idx(peer, path))))
+        return wire.PathLive.unpack(self.maps["mrc_live"].lookup(wire.path_key(peer, path)))
 
     def seq(self, peer: int = PEER) -> wire.PeerSeq:
         return wire.PeerSeq.unpack(self.maps["mrc_peer_seq"].lookup(wire.u32(peer)))
 
     def stats(self, path: int, peer: int = PEER) -> wire.PathStats:
         return wire.PathStats.sum(
-            self.maps["mrc_path_stats"].lookup_percpu(wire.u32(wire.path_idx(peer, path))))
+            self.maps["mrc_path_stats"].lookup_percpu(wire.path_key(peer, path)))
 
     def drops(self) -> dict:
         m = self.maps["mrc_drops"]
