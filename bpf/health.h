@@ -209,6 +209,15 @@ static __always_inline int health_judge(const struct mrc_config *cfg,
 			    MRC_EV_DEAD, (__u32)((now - un) / 1000), now);
 		return H_UNUSABLE;
 	}
+	/* A path with a strike stays suspect until evidence covers a unit
+	 * sent after the strike (that clears strike_ns above). The strike
+	 * restarted the observation, so `lag` starts again from zero: judged
+	 * by lag alone, a dead plane's units went unhedged for hedge_after
+	 * after every first strike, and TCP's retransmissions among them
+	 * were lost again - a 200 ms RTO stall in 4 of 4 hedged failover
+	 * runs (docs/benchmarks/failover.md). */
+	if (live->strike_ns)
+		return H_SUSPECT;
 	if (cfg->hedge_after_us && lag > (__s64)cfg->hedge_after_us * 1000)
 		return H_SUSPECT;
 	return H_OK;
@@ -229,7 +238,7 @@ static __always_inline __u32 health_ewma(__u32 old, __u64 sample)
  * feedback covers one path per reverse packet, so with many paths and a
  * slow reverse stream each path hears back only every few ms, and the
  * judgement must allow for that. Races across CPUs only cost a sample. */
-static __always_inline bool health_peer_evidence(__u32 peer_idx,
+static __always_inline bool health_peer_evidence(__u32 peer_idx, __u32 path_id,
 						 struct mrc_path_live *live,
 						 __u64 now, bool data)
 {
@@ -242,8 +251,10 @@ static __always_inline bool health_peer_evidence(__u32 peer_idx,
 	/* The reference follows data only: a probe answered while the
 	 * reverse stream is starved says nothing about what data is owed. */
 	seq = data ? bpf_map_lookup_elem(&mrc_peer_seq, &peer_idx) : NULL;
-	if (seq && (__s64)(ack_ns - seq->ack_max_ns) > 0)
+	if (seq && (__s64)(ack_ns - seq->ack_max_ns) > 0) {
 		seq->ack_max_ns = ack_ns;
+		seq->ack_max_path = path_id;
+	}
 	live->ev_rtt_us = health_ewma(live->ev_rtt_us, (now - ack_ns) / 1000);
 	if (live->ev_rx_ns)
 		live->ev_gap_us = health_ewma(live->ev_gap_us,
@@ -308,6 +319,51 @@ static __always_inline int health_fallback(__u32 peer_idx, __u32 n_paths,
 	if (hs)
 		hs->fallback += 1;
 	return c.any;
+}
+
+/*
+ * Is this TCP unit (payload [seq, seq + len)) a retransmission: does it end
+ * at or below the highest sequence its flow has sent? Records the new high
+ * otherwise. mrc_tx sends retransmissions on the path that confirmed
+ * delivery most recently (mrc_peer_seq.ack_max_path): they are the packets
+ * whose loss costs most. Right after a plane fails, before its paths look
+ * suspect (hedge_after plus their evidence delay), TCP retransmits what the
+ * plane lost; a retransmission sprayed onto the same plane is lost again,
+ * and if nothing is sent after it RACK cannot notice - TCP waits for its
+ * 200 ms RTO (seen in 2 of 5 hedged failover runs: the flow's last
+ * unacknowledged unit resent onto the dead plane). OCP MRC likewise moves
+ * retransmissions to another EV.
+ */
+static __always_inline bool health_tcp_retx(__u32 peer_idx,
+					    const struct iphdr *iph,
+					    const struct tcphdr *th,
+					    __u32 seq, __u32 len)
+{
+	struct mrc_tx_flows *f;
+	__u32 h, end = seq + len;
+	__u64 *slot, v;
+
+	if (len == 0)
+		return false;
+	f = bpf_map_lookup_elem(&mrc_tx_flows, &peer_idx);
+	if (!f)
+		return false;
+	h = (iph->saddr ^ iph->daddr ^ ((__u32)th->source << 16 | th->dest)) *
+	    0x9E3779B1u;
+	slot = &f->hi[(h >> 26) & (MRC_TX_FLOWS - 1)];
+	v = *slot;
+	if ((__u32)(v >> 32) == h && (__s32)(end - (__u32)v) <= 0)
+		return true;
+	*slot = (__u64)h << 32 | end;
+	return false;
+}
+
+static __always_inline void health_count_retx(void)
+{
+	struct mrc_hstats *hs = health_stats();
+
+	if (hs)
+		hs->retx_steered += 1;
 }
 
 /* A GOOD, not suspect path of the same family on another plane to carry a
@@ -513,7 +569,7 @@ static __always_inline void health_probe_reply(const struct mrc_config *cfg,
 	live->probe_seq = probe_seq;
 	if (rtt_us > 4U * 1000 * 1000)	/* stale or garbage */
 		return;
-	health_peer_evidence(peer_idx, live, now, false);
+	health_peer_evidence(peer_idx, path_id, live, now, false);
 	if (live->state != MRC_PATH_ASSUMED_BAD)
 		return;
 	if ((__s64)(sent - live->bad_ns) < 0)

@@ -148,6 +148,14 @@ struct {
 	__type(value, struct mrc_dedup);
 } mrc_dedup SEC(".maps");
 
+/* Highest TCP sequence sent per inner flow, per peer (bpf/health.h). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MRC_MAX_PEERS);
+	__type(key, __u32);
+	__type(value, struct mrc_tx_flows);
+} mrc_tx_flows SEC(".maps");
+
 /* Per-CPU path health counters, [0] only. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);

@@ -191,6 +191,8 @@ struct mrc_peer_seq {
 				 * wire PSN, compared wrap-safe) */
 	__u64	ack_max_ns;	/* sender: newest last_ack_ns of any path to
 				 * this peer (bpf/health.h) */
+	__u32	ack_max_path;	/* sender: the path that confirmed it */
+	__u32	rsvd;
 };
 
 /* mrc_path_stats: PERCPU_ARRAY[MRC_MAX_PEERS * MRC_MAX_PATHS]. */
@@ -319,6 +321,19 @@ struct mrc_dedup {
 	__u64	w[MRC_DEDUP_WORDS];
 };
 
+/*
+ * mrc_tx_flows: ARRAY[MRC_MAX_PEERS], sender side: per inner TCP flow (hashed
+ * into MRC_TX_FLOWS slots) the flow's hash in the high 32 bits and the end
+ * of the highest sequence sent in the low 32 bits, one __u64 per slot. A unit
+ * that ends at or below it is a retransmission (bpf/health.h). TCP sends a
+ * flow from one CPU at a time (socket lock), so plain stores suffice; a
+ * slot two flows share only costs a misjudged unit.
+ */
+#define MRC_TX_FLOWS		64
+struct mrc_tx_flows {
+	__u64	hi[MRC_TX_FLOWS];
+};
+
 /* mrc_hstats: PERCPU_ARRAY[1]. */
 struct mrc_hstats {
 	__u64	hedged;		/* units sent twice */
@@ -329,6 +344,7 @@ struct mrc_hstats {
 	__u64	min_active_held;	/* dead paths kept for ev_min_active */
 	__u64	fallback;	/* units sent on a non-GOOD path (no GOOD one) */
 	__u64	events_lost;	/* ring buffer full */
+	__u64	retx_steered;	/* TCP retransmissions sent on the freshest path */
 };
 
 #endif /* MRC_H */

@@ -357,7 +357,8 @@ int mrc_rx(struct xdp_md *ctx)
 					   now_us - bpf_ntohl(mh->fb_ts));
 				delay_sample(peer_idx, fb, now_us,
 					     bpf_ntohl(mh->fb_ts));
-				health_peer_evidence(peer_idx, fb_live, now, true);
+				health_peer_evidence(peer_idx, fb, fb_live, now,
+						     true);
 			}
 		}
 	}

@@ -87,6 +87,7 @@ int mrc_tx(struct __sk_buff *skb)
 	__u64 now, flags;
 	__u32 *pidx;
 	int proto, tcp_len, verdict = H_UNUSABLE, hedge = -1;
+	bool retx = false;
 
 	/* Headers of locally generated packets are linear; forwarded ones
 	 * may not be. Pull only when short, pulling is not free. */
@@ -121,6 +122,19 @@ int mrc_tx(struct __sk_buff *skb)
 	if (n_paths > MRC_MAX_PATHS)
 		n_paths = MRC_MAX_PATHS;
 
+	/* Inner TCP: where the unit starts in the flow's sequence space, and
+	 * whether it is a retransmission (bpf/health.h). */
+	inner_hdrs = iph->ihl * 4;
+	tcp_len = -1;
+	if (proto == IPPROTO_TCP && !(iph->frag_off & bpf_htons(0x3fff)))
+		tcp_len = parse_tcphdr(&nh, data_end, &tcph);
+	if (tcp_len > 0) {
+		u.seq0 = bpf_ntohl(tcph->seq);
+		inner_hdrs += tcp_len;
+		retx = health_tcp_retx(peer_idx, iph, tcph, u.seq0,
+				       skb->len - ETH_HLEN - inner_hdrs);
+	}
+
 	/* 2. Pick a path: the next slot of the live table, or one of the
 	 * following slots if that path is not usable. */
 	idx = peer_idx * 2 + (peer->table & 1);
@@ -136,7 +150,25 @@ int mrc_tx(struct __sk_buff *skb)
 	now = bpf_ktime_get_ns();
 	/* The starting slot depends on the spray mode: bpf/spray.h. */
 	start = spray_start(&sp, peer, peer_idx, seq, iph, data_end, n, now);
-	for (i = 0; i <= TX_PATH_RETRIES; i++) {
+	/* A retransmission goes out on the path that confirmed delivery
+	 * most recently, if usable: a resend sprayed onto a plane that has
+	 * just failed would be lost again (bpf/health.h). */
+	if (retx && seq->ack_max_ns) {
+		__u32 pid = seq->ack_max_path;
+
+		idx = MRC_PATH_IDX(peer_idx, pid & (MRC_MAX_PATHS - 1));
+		path = pid < n_paths ? bpf_map_lookup_elem(&mrc_paths, &idx) : NULL;
+		live = bpf_map_lookup_elem(&mrc_live, &idx);
+		if (path && live &&
+		    (verdict = path_usable(cfg, peer, peer_idx, pid, path,
+					   live, now)) >= 0) {
+			u.path_id = pid;	/* no slot walk below */
+			health_count_retx();
+		} else {
+			path = NULL;
+		}
+	}
+	for (i = path ? TX_PATH_RETRIES + 1 : 0; i <= TX_PATH_RETRIES; i++) {
 		__u32 s = (start + i) % n;
 		__u32 pid;
 
@@ -176,22 +208,16 @@ int mrc_tx(struct __sk_buff *skb)
 	u.segs = skb->gso_segs ? skb->gso_segs : 1;
 	u.seg_size = skb->gso_size;
 	u.tos = iph->tos & 0xfc;	/* DSCP only: we do not propagate ECN */
-	inner_hdrs = iph->ihl * 4;
-	if (proto == IPPROTO_TCP && !(iph->frag_off & bpf_htons(0x3fff))) {
-		tcp_len = parse_tcphdr(&nh, data_end, &tcph);
-		if (tcp_len > 0) {
-			u.seq0 = bpf_ntohl(tcph->seq);
-			inner_hdrs += tcp_len;
-			/* gso_segs may be unset on packets the stack
-			 * marked for re-validation: derive it. */
-			if (!skb->gso_segs && u.seg_size) {
-				len = skb->len - ETH_HLEN - inner_hdrs;
-				u.segs = (len + u.seg_size - 1) / u.seg_size;
-				if (u.segs < 1)
-					u.segs = 1;
-			}
+	if (tcp_len > 0) {
+		/* gso_segs may be unset on packets the stack marked for
+		 * re-validation: derive it. */
+		if (!skb->gso_segs && u.seg_size) {
+			len = skb->len - ETH_HLEN - inner_hdrs;
+			u.segs = (len + u.seg_size - 1) / u.seg_size;
+			if (u.segs < 1)
+				u.segs = 1;
 		}
-	} else {
+	} else if (proto != IPPROTO_TCP || (iph->frag_off & bpf_htons(0x3fff))) {
 		u.seg_size = 0;	/* receiver numbers TCP segments only */
 	}
 	u.tx_ts = (__u32)(now / 1000);

@@ -46,6 +46,7 @@ MRC_CFG_LIVENESS = 0x01
 MRC_CFG_HEDGE = 0x02
 MRC_CFG_HEDGE_ALL = 0x04
 MRC_DEDUP_WORDS = 512       # hedged-unit duplicate filter: 512 words of 32 PSNs
+MRC_TX_FLOWS = 64           # sender: highest TCP sequence per inner flow, slots per peer
 
 MRC_PATH_ENTRIES = MRC_MAX_PEERS * MRC_MAX_PATHS
 
@@ -161,6 +162,7 @@ def c_constants() -> dict[str, int]:
         "MRC_CFG_HEDGE": MRC_CFG_HEDGE,
         "MRC_CFG_HEDGE_ALL": MRC_CFG_HEDGE_ALL,
         "MRC_DEDUP_WORDS": MRC_DEDUP_WORDS,
+        "MRC_TX_FLOWS": MRC_TX_FLOWS,
         "MRC_R_MAX": MRC_R_MAX,
     }
     out.update({f"MRC_T_{m.name}": int(m) for m in MsgType})
@@ -480,12 +482,14 @@ class PeerSeq(_Struct):
     """struct mrc_peer_seq."""
     C_NAME: ClassVar[str] = "mrc_peer_seq"
     LAYOUT: ClassVar = (("psn", "Q"), ("cursor", "Q"), ("fb_cursor", "Q"), ("rx_psn_max", "Q"),
-                        ("ack_max_ns", "Q"))
+                        ("ack_max_ns", "Q"), ("ack_max_path", "I"), ("rsvd", "I"))
     psn: int = 0
     cursor: int = 0
     fb_cursor: int = 0
     rx_psn_max: int = 0
     ack_max_ns: int = 0
+    ack_max_path: int = 0
+    rsvd: int = 0
 
 
 class _Counters(_Struct):
@@ -663,7 +667,7 @@ class HealthStats(_Struct):
     C_NAME: ClassVar[str] = "mrc_hstats"
     LAYOUT: ClassVar = tuple((n, "Q") for n in (
         "hedged", "hedge_no_path", "dedup_drops", "dead", "recovered", "min_active_held",
-        "fallback", "events_lost"))
+        "fallback", "events_lost", "retx_steered"))
     hedged: int = 0
     hedge_no_path: int = 0
     dedup_drops: int = 0
@@ -672,6 +676,7 @@ class HealthStats(_Struct):
     min_active_held: int = 0
     fallback: int = 0
     events_lost: int = 0
+    retx_steered: int = 0
 
     @classmethod
     def sum(cls, values: Iterable[bytes]) -> "HealthStats":
@@ -694,11 +699,19 @@ class Dedup(_Struct):
         return list(struct.unpack(f"={MRC_DEDUP_WORDS}Q", self.w))
 
 
+@dataclass
+class TxFlows(_Struct):
+    """struct mrc_tx_flows: flow hash << 32 | end of the highest sequence sent."""
+    C_NAME: ClassVar[str] = "mrc_tx_flows"
+    LAYOUT: ClassVar = (("hi", f"{MRC_TX_FLOWS * 8}s"),)
+    hi: bytes = bytes(MRC_TX_FLOWS * 8)
+
+
 ALL_STRUCTS: tuple[type[_Struct], ...] = (
     MrcHdr, Config, Peer, Slots, Path, PathLive, PeerSeq, PathStats, RxKey, RxPeer,
     RxWin, Reorder, FlowletKey, Flowlet, PathDelay)
 # path health (bpf/health.h)
-ALL_STRUCTS += (Event, HealthStats, Dedup)
+ALL_STRUCTS += (Event, HealthStats, Dedup, TxFlows)
 
 
 # ---------------------------------------------------------------------------

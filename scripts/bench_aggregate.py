@@ -88,17 +88,34 @@ def iperf(lab: Lab, dst_addr: str, seconds: float, mptcp: bool = False) -> dict:
             "iperf_retrans": res["end"]["sum_sent"].get("retransmits")}
 
 
-NSTAT_KEYS = ("TcpRetransSegs", "TcpOutSegs", "TcpExtTCPSACKReorder", "TcpExtTCPDSACKRecv")
+NSTAT_KEYS = ("TcpRetransSegs", "TcpOutSegs", "TcpExtTCPSACKReorder", "TcpExtTCPDSACKRecv",
+              "TcpExtTCPDSACKRecvSegs")
+
+
+def throttles(lab: Lab) -> int:
+    """tbf overlimits summed over the sender's plane devices: how often a
+    packet had to wait for tokens. A plane that limits the transfer throttles
+    thousands of times a second; one that the CPU never fills, hardly ever."""
+    total = 0
+    for dev in lab.tb.planes(0, 1):
+        out = lab.tb.exec(0, ["tc", "-s", "-j", "qdisc", "show", "dev", dev]).stdout
+        total += sum(q.get("overlimits", 0) for q in json.loads(out or "[]") if q.get("kind") == "tbf")
+    return total
 
 
 def measured(lab: Lab, fn, mrc: bool) -> dict:
     n0 = lab.nstat(0)
     r0 = lab.status(1)["peers"][0].get("reorder") if mrc else None
+    t0, q0 = time.monotonic(), throttles(lab)
     out = fn()
+    out["throttles_per_s"] = round((throttles(lab) - q0) / (time.monotonic() - t0))
     n1 = lab.nstat(0)
     for k in NSTAT_KEYS:
         out[k] = n1.get(k, 0) - n0.get(k, 0)
-    out["retrans_pct"] = round(100 * out["TcpRetransSegs"] / out["TcpOutSegs"], 2) if out["TcpOutSegs"] else None
+    segs = out["TcpOutSegs"]
+    out["retrans_pct"] = round(100 * out["TcpRetransSegs"] / segs, 2) if segs else None
+    # segments the receiver reported as received twice (DSACK): spurious retransmissions
+    out["spurious_pct"] = round(100 * out["TcpExtTCPDSACKRecvSegs"] / segs, 2) if segs else None
     if mrc and r0 is not None:
         r1 = lab.status(1)["peers"][0]["reorder"]
         out["reorder"] = {k: r1[k] - r0[k] for k in ("rx_packets", "ooo", "dup", "lost", "late")}
@@ -466,15 +483,19 @@ def report(rows: list[dict], cost: dict, uplat: dict, args, started: float, load
              "(other work on this 2-core machine makes the numbers noisy; see the ceiling rows)", "",
              "One iperf3 connection per row, "
              f"{args.seconds:g} s each; planes are veth pairs shaped with tbf at both ends. "
-             "`retrans %` = TcpRetransSegs / TcpOutSegs of the sender; `ooo` and `lost` are mrc's "
+             "`retrans %` = TcpRetransSegs / TcpOutSegs of the sender; `spurious %` = the segments "
+             "the receiver reported receiving twice (TcpExtTCPDSACKRecvSegs) / TcpOutSegs; "
+             "`throttles/s` = how often the sender's tbf qdiscs made a packet wait for tokens "
+             "(overlimits, all planes): thousands when the planes limit the transfer, near zero when "
+             "the CPU does; `ooo` and `lost` are mrc's "
              "receiver counters (bpf/reorder.h). `vs MPTCP` compares with the MPTCP row of the same "
              "scenario; `vs sum` with the sum of the plane rates; `vs wire` with the most the planes "
              "can carry for that method: tbf counts whole frames, so the goodput ceiling is the rate "
              "times TCP payload / frame (1448 / 1514 for plain TCP, 1392 / 1514 inside mrc's 56 bytes "
              "of outer IPv4 + UDP + MRC header).", "",
-             "| scenario | method | Gbit/s | vs MPTCP | vs sum | vs wire | retrans % | retrans | SACK reorder "
-             "| DSACK recv | ooo | lost | plane shares |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| scenario | method | Gbit/s | vs MPTCP | vs sum | vs wire | retrans % | spurious % | SACK reorder "
+             "| DSACK recv | throttles/s | ooo | lost | plane shares |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     by_scen: dict[str, dict] = {}
     for r in rows:
         by_scen.setdefault(r["scenario"], {})[r["method"]] = r
@@ -482,7 +503,7 @@ def report(rows: list[dict], cost: dict, uplat: dict, args, started: float, load
         mp = ms.get("mptcp", {}).get("gbps")
         for m, r in ms.items():
             if "error" in r:
-                lines.append(f"| {scen} | {m} | error: {r['error'][:80]} ||||||||||| |")
+                lines.append(f"| {scen} | {m} | error: {r['error'][:80]} |||||||||||| |")
                 continue
             g = r.get("gbps")
             ro = r.get("reorder", {})
@@ -491,8 +512,9 @@ def report(rows: list[dict], cost: dict, uplat: dict, args, started: float, load
                 f"| {scen} | {m} | {fmt(g, 3)} | {fmt(g / mp if g and mp else None)} | "
                 f"{fmt(g / r['sum_gbps'] if g and r.get('sum_gbps') else None)} | "
                 f"{fmt(g / wire_ceiling(r) if g and wire_ceiling(r) else None)} | {fmt(r.get('retrans_pct'))} | "
-                f"{r.get('TcpRetransSegs', '–')} | {r.get('TcpExtTCPSACKReorder', '–')} | "
-                f"{r.get('TcpExtTCPDSACKRecv', '–')} | {ro.get('ooo', '–')} | {ro.get('lost', '–')} | {shares} |")
+                f"{fmt(r.get('spurious_pct'))} | {r.get('TcpExtTCPSACKReorder', '–')} | "
+                f"{r.get('TcpExtTCPDSACKRecv', '–')} | {r.get('throttles_per_s', '–')} | "
+                f"{ro.get('ooo', '–')} | {ro.get('lost', '–')} | {shares} |")
     lines += ["", "## Per-packet cost (BPF_PROG_TEST_RUN)", "",
               f"{cost.get('packets')} packets per program, each run on a fresh copy of the frame "
               "(rx frames carry increasing PSNs and an echo, as bidirectional traffic does). Bare "
@@ -533,11 +555,28 @@ NOTES = """
   answer it: the slot table alternates planes from one slot to the next (units drain side by side
   instead of queueing behind each other on one plane), and the overlay's unit is 64 KiB / planes,
   at least 16 KiB (`overlay.gso_max_size` overrides it). `8K` halves the unit: on unequal
-  planes a fifth of the retransmissions (0.2 %) for 0-3 % of goodput; on equal and on 8 planes
+  planes a third to a fifth of the retransmissions (0.2-0.35 %) for 0-3 % of goodput; on equal and on 8 planes
   the CPU cost of twice the units outweighs what it saves.
 * **The sender's TCP sysctls** (`tcp_reordering` 300, `tcp_recovery` 0, `tcp_max_reordering`) were
   measured during development and did not cut the spurious retransmissions of 64 KiB units
-  (RACK's window is bounded by min_rtt and srtt, not by these); mrc therefore sets none.
+  (RACK's window is bounded by min_rtt and srtt, not by these). `tcp_min_rtt_wlen = 0` (min_rtt
+  then follows the current RTT, so RACK's window grows with load) cut them by about a quarter on
+  unequal planes (0.6-0.8 % against 0.8-1.0 %, two runs each). All of these are host-wide, for
+  every TCP connection, so mrc sets none of them.
+* **Which limit binds (`throttles/s`).** The plain TCP and MPTCP rows throttle thousands of times a
+  second: the planes limit them. The mrc rows throttle a few hundred times a second, because the
+  CPU limits them. Sampled every 10 ms during an unequal run, the sender's tbf queues were empty in
+  all but 1 of 144 samples: each plane's 4 ms token bucket absorbs what the two cores produce. The
+  reordering TCP sees in these rows therefore comes from how the receive side interleaves the
+  planes under load, not from plane queues. NAPI polls each plane's ring in batches, and on two
+  busy cores part of that work is deferred to ksoftirqd.
+  - Ordering the slot table by earliest finish time was tried. In this order each plane's k-th
+    unit finishes at k / weight, so units would finish in the order they were sent if every plane
+    drained at its weight. It made no difference here: 0.8-1.0 % retransmissions on unequal
+    planes either way.
+  - It was worse where the planes do limit: on 400/200/100/100 Mbit/s it gave 4-9 % against
+    2.1 %, two runs each. A fixed order does not correct plane queue delays once they drift apart;
+    that would take a closed loop on the per-path evidence delay. It was not adopted.
 * **CPU ceiling.** `unshaped` shows what this 2-core VM can carry: mrc's XDP decapsulation and
   encapsulation cost per packet, and the same two cores run both hosts, iperf3 and (during these
   runs) other engineers' tests. Where the mrc ceiling is near or below the sum of the plane rates,
@@ -561,7 +600,7 @@ NOTES = """
   **0.98 x MPTCP**, and any UDP encapsulation at all (28 bytes of outer IPv4 + UDP before the
   first MRC field) at most 0.998 x. The goal of 1.0 x MPTCP on equal planes is therefore out of
   reach at MTU 1500 by arithmetic, not by spraying; mrc weighted reaches 0.94-0.98 of its own
-  ceiling (five runs on the same day; run-to-run spread about 3 %).
+  ceiling (six runs on the same day; run-to-run spread about 3 %).
 * **Per-packet cost.** The floor rows are what this VM charges before any of mrc's own work:
   reading the clock (~35 ns here) and `bpf_skb_adjust_room` (~40 ns) already make ~1.9 x a
   bare redirect, so a transmit program that also parses, picks a path, judges its health and
@@ -573,12 +612,12 @@ NOTES = """
   advance, which one CPU at a time performs (else a PSN marked by one CPU while another moved
   the window could be wiped and counted lost). The bare programs themselves vary 65-85 ns
   between runs, which moves every ratio by +-10 %.
-* **Where the goals stand** (five runs on the same day). On equal planes one connection reaches
+* **Where the goals stand** (six runs on the same day). On equal planes one connection reaches
   0.92-0.96 x MPTCP (ceiling 0.98 x, above), on 8 planes 0.93-0.97 x. On unequal planes it reaches
   1.04-1.15 x MPTCP and 0.88-0.90 x the sum (goal 0.90 x), with retransmissions of 0.9-1.1 % of
   segments, nearly all spurious (DSACKs): the
   run-to-run noise straddles both the 0.90 x and the 1 % line. The `unshaped` rows put mrc's
-  CPU ceiling at 4.3 Gbit/s (16 KiB units) on this 2-core VM, near the sum of the shaped planes:
+  CPU ceiling at 4.1-4.4 Gbit/s (16 KiB units) on this 2-core VM, near the sum of the shaped planes:
   with native XDP on a veth the sender segments every unit in software and the receiver copies
   each segment into a page of its own before the program runs, which plain veth (22 Gbit/s for
   TCP) never does.

@@ -3,17 +3,19 @@
 blackholed ~2 s into the transfer; goodput recorded at 10 ms resolution by
 the receiver (scripts/xfer.py --timeline).
 
-    sudo python3 scripts/bench_failover.py [--runs mptcp,mrc,mrc-hedge,mrc-always]
-                                           [--out docs/benchmarks] [--rate 1gbit]
+    sudo python3 scripts/bench_failover.py [--runs mptcp,mrc,mrc-nohedge,mrc-always]
+                                           [--trials 3] [--out docs/benchmarks] [--rate 1gbit]
 
-Scenarios, in one run, each on a fresh testbed:
-  mptcp       Linux MPTCP (mptcpize), one subflow per plane, no mrc
-  mrc         mrc, hedging off (the default)
-  mrc-hedge   mrc, hedge = true: units on suspect paths are also sent on a GOOD path
-  mrc-always  mrc, hedge = "always": every unit twice, on two planes
-  mrc-paced, mrc-always-paced   the same with the sender paced (--pace, SO_MAX_PACING_RATE)
-              below capacity: no congestion loss, so retransmissions show only
-              what the failure (and reordering) cost
+Scenarios, in one run, each on a fresh testbed, each mrc one --trials times
+(a stall that happens in one run of three is still a stall):
+  mptcp        Linux MPTCP (mptcpize), one subflow per plane, no mrc
+  mrc          mrc with the defaults (hedge = true: units on suspect paths are
+               also sent on a GOOD path)
+  mrc-nohedge  mrc, hedge = false
+  mrc-always   mrc, hedge = "always": every unit twice, on two planes
+  mrc-paced, mrc-always-paced   mrc and mrc-always with the sender paced (--pace,
+               SO_MAX_PACING_RATE) below capacity: no congestion loss, so
+               retransmissions show only what the failure (and reordering) cost
 
 Reported per scenario: goodput before the failure and in steady state after
 it, stall (time within the second after the failure that goodput stays
@@ -67,6 +69,17 @@ def nstat(tb: Testbed, i: int) -> dict:
     return flat
 
 
+def retransmissions(n0: dict, n1: dict) -> dict:
+    """Sender retransmissions, and how many of them the receiver reported
+    as received twice (DSACK): spurious, the original was not lost."""
+    d = {k: n1.get(k, 0) - n0.get(k, 0)
+         for k in ("TcpRetransSegs", "TcpExtTCPDSACKRecvSegs", "TcpExtTCPTimeouts", "TcpExtTCPLostRetransmit",
+                   "TcpExtTCPLossProbes")}
+    return {"retrans": d["TcpRetransSegs"], "spurious": d["TcpExtTCPDSACKRecvSegs"],
+            "rto": d["TcpExtTCPTimeouts"], "lost_retrans": d["TcpExtTCPLostRetransmit"],
+            "tlp": d["TcpExtTCPLossProbes"]}
+
+
 def analyse(timeline: dict, t_fail: float) -> dict:
     b = timeline["bucket_ms"] / 1000
     gbps = [x * 8 / b / 1e9 for x in timeline["bytes"]]
@@ -97,7 +110,8 @@ def analyse(timeline: dict, t_fail: float) -> dict:
 
 
 def run_mrc(name: str, args, tmp: Path, hedge, pace: str | None = None) -> dict:
-    extra = "[health]\n" + (f"hedge = {json.dumps(hedge)}\n" if hedge else "")
+    """hedge: None for the default, else the value of health.hedge."""
+    extra = "[health]\n" + (f"hedge = {json.dumps(hedge)}\n" if hedge is not None else "")
     (tmp / name).mkdir(parents=True, exist_ok=True)
     with Lab(tmp / name, 2, args.planes, rates=args.rate, prefix=args.prefix, evs=args.evs,
              extra=extra) as lab:
@@ -132,7 +146,9 @@ def run_mrc(name: str, args, tmp: Path, hedge, pace: str | None = None) -> dict:
         out.update(
             intact=s["sha256"] == r["sha256"] and not r["reset"],
             gbps_total=s["gbps"],
-            retrans=n1.get("TcpRetransSegs", 0) - n0.get("TcpRetransSegs", 0),
+            **retransmissions(n0, n1),
+            # wire PSNs the receiver never got, in either copy: inner packets lost
+            rx_lost=sum(p.get("reorder", {}).get("lost", 0) for p in snap1["peers"]),
             lost_packets=tx_after - tx_before,
             detect_ms=round((min(e["time"] for e in on_plane) - w_fault) * 1000, 1) if on_plane else None,
             plane_paths_dead=len({e["path"] for e in on_plane}),
@@ -198,8 +214,7 @@ def run_mptcp(args, tmp: Path) -> dict:
         subflows = tb.exec(0, ["ip", "mptcp", "limits", "show"], check=False).stdout.strip()
         out = analyse(json.load(open(tl)), t_fault - r["t0"])
         out.update(intact=s["sha256"] == r["sha256"] and not r["reset"], gbps_total=s["gbps"],
-                   retrans=n1.get("TcpRetransSegs", 0) - n0.get("TcpRetransSegs", 0),
-                   mptcp_limits=subflows)
+                   **retransmissions(n0, n1), mptcp_limits=subflows)
         return out
     finally:
         tb.down()
@@ -254,9 +269,20 @@ DESIGN = """
   sequence number (a lost probe restarts the count; replies to probes sent before the retirement
   do not count) and returns it to GOOD after `recover_probes` in a row, doubled for every relapse
   within 1 s of recovering (up to 16x): a flapping plane settles instead of oscillating.
-* **Hedging.** `hedge = true`: a unit on a suspect path (past the first strike, or overdue by
-  `hedge_after`) is sent as a clone (bpf_clone_redirect) on the suspect path and, rewritten, on a
-  GOOD path of the same family on another plane; `hedge = "always"`: every unit. Both copies carry
+* **Retransmissions** (any mode) go out on the path that confirmed delivery most recently
+  (`mrc_peer_seq.ack_max_path`) instead of the next slot. mrc_tx knows one from the inner TCP
+  sequence: a unit that ends at or below the highest sequence its flow has sent
+  (`mrc_tx_flows`). In the first `hedge_after` + evidence delay after a failure nothing looks
+  suspect yet: TCP resends what the dead plane lost, a resend sprayed onto the same plane is lost
+  again, and when nothing follows it RACK cannot see that and TCP waits for its 200 ms RTO. That
+  happened in 2 of 5 hedged runs before this change.
+* **Hedging** (`hedge = true`, the default) sends a unit on a suspect path as a clone
+  (bpf_clone_redirect) on that path and, rewritten, on a GOOD path of the same family on another
+  plane. A path is suspect when it has been struck once and not confirmed since, or is overdue by
+  `hedge_after`. With nothing failing that is a few dozen units per 5 s at 3.5 Gbit/s, which costs
+  no measurable goodput. `hedge = false` keeps sending new data onto a failed plane until it is
+  retired, and a tail of that data lost in TCP's recovery ends in an RTO (see the trials above).
+  `hedge = "always"` copies every unit. Both copies carry
   MRC_F_HEDGE; the receiver drops the second by wire PSN (segment i of a unit = psn + i) in a
   per-peer window of 16384 PSNs, one compare-and-swap per packet (tag and 32 bits in one word),
   exact across CPUs.
@@ -265,18 +291,24 @@ DESIGN = """
 
 def write_md(results: dict, args, out: Path, cmd: str, cpu: dict | None = None) -> None:
     rows = ["| scenario | intact | before (Gbit/s) | after (Gbit/s) | stall (ms) | longest stall (ms) "
-            "| to steady (ms) | TCP retrans | mrc pkts into dead plane | mrc detect (ms) | retired by "
-            "| false dead (other planes) |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "| to steady (ms) | TCP retrans | of them spurious | RTOs | mrc pkts into dead plane "
+            "| inner pkts lost | mrc detect (ms) | retired by | false dead (other planes) "
+            "| longest stall, every trial (ms) | RTOs, every trial |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in results.items():
         if "error" in r:
-            rows.append(f"| {name} | error: {r['error']} |" + " |" * 10)
+            rows.append(f"| {name} | error: {r['error']} |" + " |" * 15)
             continue
+        tr = r.get("trials", {})
         rows.append(f"| {name} | {'yes' if r['intact'] else 'NO'} | {r['pre_gbps']} | {r['post_gbps']} "
                     f"| {r['stall_ms']} | {r['longest_stall_ms']} | {r['to_steady_ms']} | {r['retrans']} "
-                    f"| {r.get('lost_packets', 'n/a')} | {r.get('detect_ms', 'n/a')} "
+                    f"| {r.get('spurious', 'n/a')} | {r.get('rto', 'n/a')} | {r.get('lost_packets', 'n/a')} "
+                    f"| {r.get('rx_lost', 'n/a')} "
+                    f"| {r.get('detect_ms', 'n/a')} "
                     f"| {', '.join(r.get('retired_by', [])) or 'n/a'} "
-                    f"| {r.get('false_positives', 'n/a')} |")
+                    f"| {r.get('false_positives', 'n/a')} "
+                    f"| {' / '.join(map(str, tr.get('longest_stall_ms', [])))} "
+                    f"| {' / '.join(map(str, tr.get('rto', [])))} |")
     text = [
         "# Failover benchmark",
         "",
@@ -287,7 +319,9 @@ def write_md(results: dict, args, out: Path, cmd: str, cpu: dict | None = None) 
         f"{args.rate} each, {args.evs} EVs per plane; one TCP connection (cubic) sending "
         f"{CHUNK} x {args.repeat}; plane {args.fail_plane} blackholed on the sender's egress "
         f"{args.fail_at} s after the connection is up (testbed classic-BPF filter, link stays up). "
-        "mrc: default [health] (dead_after_ms 20, hedge_after_ms 10, probe_interval_ms 20, recover_probes 3).",
+        "mrc: default [health] (hedge true, dead_after_ms 20, hedge_after_ms 10, probe_interval_ms 20, "
+        f"recover_probes 3) unless the scenario says otherwise. Each mrc scenario ran {args.trials} times; "
+        "the columns show the first run, the last two columns every run.",
         "",
         *rows,
         "",
@@ -297,8 +331,13 @@ def write_md(results: dict, args, out: Path, cmd: str, cpu: dict | None = None) 
         "goodput is below half of the post-failure steady state (goodput in [1 s, 2 s] after the "
         "failure); *to steady* = until the 50 ms average stays at >= 80 % of that; *TCP retrans* = "
         "sender nstat TcpRetransSegs delta over the whole transfer (congestion and reordering "
-        "included); *mrc pkts into dead plane* = wire packets mrc sent on the dead plane's paths after "
-        "the failure (all lost); *mrc detect* = failure to the first event retiring a path of that "
+        "included); *of them spurious* = retransmitted segments the receiver reported as received "
+        "twice (TcpExtTCPDSACKRecvSegs): the original had arrived, so the retransmission answered "
+        "reordering, not a loss; *RTOs* = TCP retransmission timeouts (TcpExtTCPTimeouts; each one is "
+        "a stall of at least 200 ms); *mrc pkts into dead plane* = wire packets mrc sent on the dead "
+        "plane's paths after the failure (all dropped there); *inner pkts lost* = wire PSNs the "
+        "receiver never got in any copy (mrc's reorder window, `lost`): the packets the failure "
+        "(or congestion) really took from the connection; *mrc detect* = failure to the first event retiring a path of that "
         "plane (`dead` from the datapath, `probe_loss` from the agent); "
         "*false dead* = `dead` events on planes that did not fail, whole run.",
         "",
@@ -314,7 +353,8 @@ def write_md(results: dict, args, out: Path, cmd: str, cpu: dict | None = None) 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", default="mptcp,mrc,mrc-hedge,mrc-always,mrc-paced,mrc-always-paced")
+    ap.add_argument("--runs", default="mptcp,mrc,mrc-nohedge,mrc-always,mrc-paced,mrc-always-paced")
+    ap.add_argument("--trials", type=int, default=3, help="runs of each mrc scenario")
     ap.add_argument("--pace", default="75M", help="sender pacing (bytes/s) of the *-paced runs")
     ap.add_argument("--paced-repeat", type=int, default=6)
     ap.add_argument("--out", default=str(REPO / "docs" / "benchmarks"))
@@ -335,28 +375,29 @@ def main() -> int:
     out, tmp = Path(a.out), Path(a.tmp)
     out.mkdir(parents=True, exist_ok=True)
     tmp.mkdir(parents=True, exist_ok=True)
+    # name: (health.hedge or None for the default, pacing)
+    mrc_runs = {"mrc": (None, None), "mrc-nohedge": (False, None), "mrc-always": ("always", None),
+                "mrc-paced": (None, a.pace), "mrc-always-paced": ("always", a.pace)}
     results = {}
     for name in a.runs.split(","):
-        print(f"== {name}", flush=True)
-        try:
-            if name == "mptcp":
-                results[name] = run_mptcp(a, tmp)
-            elif name == "mrc":
-                results[name] = run_mrc(name, a, tmp, None)
-            elif name == "mrc-hedge":
-                results[name] = run_mrc(name, a, tmp, True)
-            elif name == "mrc-always":
-                results[name] = run_mrc(name, a, tmp, "always")
-            elif name == "mrc-paced":
-                results[name] = run_mrc(name, a, tmp, None, a.pace)
-            elif name == "mrc-always-paced":
-                results[name] = run_mrc(name, a, tmp, "always", a.pace)
-            else:
-                raise ValueError(f"unknown scenario {name}")
-        except Exception as e:  # one failed scenario must not lose the others
-            results[name] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
-        summary = {k: v for k, v in results[name].items() if k != "gbps"}
-        print(json.dumps(summary), flush=True)
+        if name != "mptcp" and name not in mrc_runs:
+            print(f"unknown scenario {name}", file=sys.stderr)
+            return 2
+        trials = []
+        for k in range(1 if name == "mptcp" else max(1, a.trials)):
+            print(f"== {name} ({k + 1})", flush=True)
+            try:
+                trials.append(run_mptcp(a, tmp) if name == "mptcp" else run_mrc(name, a, tmp, *mrc_runs[name]))
+            except Exception as e:  # one failed scenario must not lose the others
+                trials.append({"error": f"{type(e).__name__}: {str(e)[:200]}"})
+            print(json.dumps({k: v for k, v in trials[-1].items() if k != "gbps"}), flush=True)
+        # the table and the plot show the first trial; the other trials add
+        # their longest stalls and RTOs
+        results[name] = dict(trials[0])
+        ok = [t for t in trials if "error" not in t]
+        results[name]["trials"] = {"longest_stall_ms": [t["longest_stall_ms"] for t in ok],
+                                   "rto": [t.get("rto") for t in ok],
+                                   "intact": all(t["intact"] for t in ok) and len(ok) == len(trials)}
     cpu = None
     if not a.no_probe_cpu:
         try:

@@ -362,6 +362,63 @@ def test_suspect_path_is_hedged(hdp, veth):
     assert hdr_of(out).path_id == 0 and not hdr_of(out).flags & wire.MRC_F_HEDGE
 
 
+def test_struck_path_stays_hedged_until_evidence(hdp, veth):
+    """The first strike restarts the observation (lag from zero), but the
+    path stays suspect - its units hedged - until evidence covers a unit
+    sent after the strike; otherwise a dead plane's units (TCP's
+    retransmissions among them) would go unhedged for hedge_after."""
+    paths = [wire.replace(PATHS[0], ifindex=veth), *PATHS[1:]]
+    hdp.set_paths(paths)
+    hdp.set_cfg(udp_port=UDP_PORT, flags=wire.MRC_CFG_LIVENESS | wire.MRC_CFG_HEDGE,
+                dead_after_us=DEAD_US, hedge_after_us=DEAD_US // 2, recover_probes=3)
+    hdp.set_slots([0])
+    now = time.monotonic_ns()
+    overdue(hdp, 0, now, first=True)
+    ret, out = hdp.run_tx(inner_udp())                  # first strike
+    assert ret == TC_ACT_REDIRECT and hdr_of(out).flags & wire.MRC_F_HEDGE
+    live = hdp.live(0)
+    assert live.state == wire.PathState.GOOD and live.strike_ns >= now
+    for _ in range(3):                                  # lag restarted, still hedged
+        ret, out = hdp.run_tx(inner_udp())
+        assert hdr_of(out).path_id == 3 and hdr_of(out).flags & wire.MRC_F_HEDGE
+    assert hdp.live(0).state == wire.PathState.GOOD
+    # evidence for a unit sent after the strike: healthy again, no copies
+    live = hdp.live(0)
+    hdp.set_live(0, unacked_ns=live.unacked_ns, last_ack_ns=live.unacked_ns + 1, strike_ns=live.strike_ns)
+    ret, out = hdp.run_tx(inner_udp())
+    assert hdr_of(out).path_id == 0 and not hdr_of(out).flags & wire.MRC_F_HEDGE
+    assert hdp.live(0).strike_ns == 0
+
+
+@pytest.mark.parametrize("hedge", [False, True])
+def test_retransmission_takes_the_freshest_path(hdp, hedge):
+    """A TCP unit that ends at or below the highest sequence its flow has
+    sent goes out, without a copy, on the path that confirmed delivery most
+    recently (if usable) instead of the next slot; new data, pure ACKs and
+    data past the high keep to the slot table."""
+    from test_tx import inner_tcp
+    flags = wire.MRC_CFG_LIVENESS | (wire.MRC_CFG_HEDGE if hedge else 0)
+    hdp.set_cfg(udp_port=UDP_PORT, flags=flags, dead_after_us=DEAD_US,
+                hedge_after_us=DEAD_US // 2, recover_probes=3)
+    hdp.set_slots([0])
+    hdp.set_seq(ack_max_ns=time.monotonic_ns(), ack_max_path=2)
+
+    def send(frame):
+        ret, out = hdp.run_tx(frame)
+        assert ret == TC_ACT_REDIRECT and not hdr_of(out).flags & wire.MRC_F_HEDGE
+        return path_of(out)
+
+    assert send(inner_tcp(5000, 300)) == 0          # new data: the slot
+    assert send(inner_tcp(5300, 300)) == 0
+    assert send(inner_tcp(5000, 300)) == 2          # resent: the freshest path
+    assert send(inner_tcp(5300, 300)) == 2          # up to the high
+    assert send(inner_tcp(5400, 300)) == 0          # ends past it: new data
+    assert send(inner_tcp(5700, 0)) == 0            # pure ACK
+    assert health(hdp).retx_steered == 2 and health(hdp).hedged == 0
+    hdp.set_live(2, state=wire.PathState.ASSUMED_BAD)
+    assert send(inner_tcp(5000, 300)) == 0          # freshest path not usable: the slot
+
+
 def test_echo_prefers_unechoed_receipt(hdp):
     """Feedback picks, near the cursor, a path with a receipt not echoed yet."""
     hdp.set_slots([0])

@@ -304,6 +304,9 @@ def test_feedback_updates_last_ack(dp):
     assert t0 - 300_000 - 1_000_000 <= live.last_ack_ns <= time.monotonic_ns() - 300_000
     assert live.rtt_us >= 300
     assert dp.live(0).last_ack_ns == 0
+    # the peer's freshest evidence, and which path gave it (where mrc_tx
+    # sends retransmissions)
+    assert (dp.seq().ack_max_ns, dp.seq().ack_max_path) == (live.last_ack_ns, 1)
     # without the flag, fb fields are ignored; out-of-range fb_path too
     dp.run_rx(mrc_frame(path_id=0, fb_path=2, fb_ts=t_sent))
     dp.run_rx(mrc_frame(path_id=0, flags=wire.MRC_F_FEEDBACK, fb_path=200, fb_ts=t_sent))
