@@ -244,6 +244,10 @@ _bpf_object__close = _proto("bpf_object__close", None, _vp)
 _bpf_object__find_map_by_name = _proto("bpf_object__find_map_by_name", _vp, _vp, _cp)
 _bpf_object__find_program_by_name = _proto("bpf_object__find_program_by_name", _vp, _vp, _cp)
 _bpf_map__fd = _proto("bpf_map__fd", _c_int, _vp)
+_bpf_map__type = _proto("bpf_map__type", _c_int, _vp)
+_bpf_map__key_size = _proto("bpf_map__key_size", _c_u32, _vp)
+_bpf_map__value_size = _proto("bpf_map__value_size", _c_u32, _vp)
+_bpf_map__max_entries = _proto("bpf_map__max_entries", _c_u32, _vp)
 _bpf_program__fd = _proto("bpf_program__fd", _c_int, _vp)
 _bpf_program__name = _proto("bpf_program__name", _cp, _vp)
 _ring_buffer__new = _proto("ring_buffer__new", _vp, _c_int, _SAMPLE_FN, _vp, _vp)
@@ -384,6 +388,11 @@ class Map:
     @classmethod
     def from_id(cls, map_id: int) -> "Map":
         return _adopt(cls, _check(f"bpf_map_get_fd_by_id({map_id})", _bpf_map_get_fd_by_id(map_id)))
+
+    @property
+    def definition(self) -> tuple[int, int, int, int]:
+        """(type, key_size, value_size, max_entries), as in BpfObject.map_def."""
+        return (self.map_type, self.key_size, self.value_size, self.max_entries)
 
     @property
     def percpu(self) -> bool:
@@ -585,6 +594,15 @@ class BpfObject:
         if not ptr:
             raise LibbpfError(f"map {name} in {self.path}", _errno.ENOENT)
         _check(f"bpf_map__reuse_fd({name})", _bpf_map__reuse_fd(ptr, fd))
+
+    def map_def(self, name: str) -> tuple[int, int, int, int] | None:
+        """(type, key_size, value_size, max_entries) this object declares for
+        map `name` (before load), or None if it has no such map."""
+        ptr = _bpf_object__find_map_by_name(self._obj, name.encode())
+        if not ptr:
+            return None
+        return (_bpf_map__type(ptr), _bpf_map__key_size(ptr), _bpf_map__value_size(ptr),
+                _bpf_map__max_entries(ptr))
 
     def map(self, name: str) -> Map:
         ptr = _bpf_object__find_map_by_name(self._obj, name.encode())

@@ -344,13 +344,17 @@ def load_objects(reuse: dict[str, Map] | None = None) -> Loaded:
 
     The first object creates the maps unless `reuse` supplies them (the
     running instance's, so counters, PSNs and states survive a reload); the
-    second object reuses the first's.
+    second object reuses the first's. A running map whose layout the new
+    objects changed (an upgrade) is replaced by a fresh one: libbpf would
+    adopt the old sizes and the verifier reject the new programs.
     """
     shared: dict[str, Map] = dict(reuse or {})
     progs = []
     for path, prog in zip(object_paths(), (TX_PROG, RX_PROG)):
         obj = BpfObject.open(str(path))
         try:
+            for name in [n for n, m in shared.items() if obj.map_def(n) != m.definition]:
+                shared.pop(name).close()
             for name, m in shared.items():
                 obj.reuse_map(name, m.fd)
             try:

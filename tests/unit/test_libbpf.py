@@ -220,3 +220,21 @@ def test_attach_detach(dp, veth):
         assert nl.tc_egress_prog_id(dev) == 0
         nl.detach_tc(dev)                                    # idempotent
 
+
+
+def test_reload_reuses_maps_unless_their_layout_changed(bpf_objects):
+    """An upgrade in place keeps the running maps (states, PSNs, counters)
+    whose layout the new objects still declare, and replaces one whose
+    layout changed instead of failing to load (libbpf would adopt the old
+    sizes and the verifier refuse the programs)."""
+    from mrcctl.loader import load_objects
+    with load_objects() as first:
+        # stand-in for a map of an older release: same name, another layout
+        old_seq = libbpf.Map.from_id(first.maps["mrc_peers"].id)
+        old_seq.name = "mrc_peer_seq"
+        reuse = {"mrc_cfg": libbpf.Map.from_id(first.maps["mrc_cfg"].id), "mrc_peer_seq": old_seq}
+        old_ids = {n: m.id for n, m in reuse.items()}
+        with load_objects(reuse) as second:
+            assert second.maps["mrc_cfg"].id == old_ids["mrc_cfg"]
+            assert second.maps["mrc_peer_seq"].id != old_ids["mrc_peer_seq"]
+            assert second.maps["mrc_peer_seq"].value_size == wire.PeerSeq.size()
