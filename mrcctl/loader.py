@@ -241,16 +241,35 @@ def _path_known(dp: Datapath, idx: int) -> bool:
 
 def slot_table(peer: cfgmod.Peer, weights: list[int], n: int) -> list[int]:
     """n slots over the peer's paths by weight, consecutive slots on
-    different planes where the weights allow.
+    different planes wherever the weights allow.
 
-    Smooth weighted round robin breaks ties in list order, so it is run over
-    the paths in EV-major order (EV 0 of every plane, then EV 1, ...):
-    back-to-back units then drain in parallel on different planes instead
-    of queueing behind each other on one, which roughly halves the
-    reordering TCP sees (docs/benchmarks/aggregation.md).
+    Smooth weighted round robin runs twice: over the planes (a plane's
+    weight is the sum of its paths'), which spreads each plane's slots as
+    evenly as its share allows (2/1/0.5/0.5 Gbit/s gives planes
+    0,1,0,2,3,0,1,0), then within each plane over its paths (EVs). Back-to-back
+    units then drain in parallel on different planes instead of queueing
+    behind each other on one, which roughly halves the reordering TCP sees
+    (docs/benchmarks/aggregation.md). One round robin over all paths at once
+    would send a plane's EVs back to back when planes differ in weight.
     """
-    order = sorted(range(len(weights)), key=lambda i: (peer.paths[i].ev_index, peer.paths[i].plane.index))
-    return [order[s] for s in wire.build_slot_table([weights[i] for i in order], n)]
+    planes: dict[int, list[int]] = {}
+    for i in sorted(range(len(weights)), key=lambda i: (peer.paths[i].plane.index, peer.paths[i].ev_index)):
+        if weights[i] > 0:
+            planes.setdefault(peer.paths[i].plane.index, []).append(i)
+    if not planes:
+        raise ValueError("no path with a positive weight")
+    order = list(planes)
+    pw = [sum(weights[i] for i in planes[p]) for p in order]
+    # one round of a plane's EVs (at most a table's worth: weights go up to 1000 per path)
+    inner = {p: wire.build_slot_table([weights[i] for i in planes[p]], min(w, wire.MRC_SLOTS))
+             for p, w in zip(order, pw)}
+    sent = dict.fromkeys(order, 0)
+    table = []
+    for k in wire.build_slot_table(pw, n):
+        p = order[k]
+        table.append(planes[p][inner[p][sent[p] % len(inner[p])]])
+        sent[p] += 1
+    return table
 
 
 def set_slots(dp: Datapath, peer: cfgmod.Peer, weights: list[int], flip: bool = True) -> int:

@@ -570,13 +570,16 @@ NOTES = """
   reordering TCP sees in these rows therefore comes from how the receive side interleaves the
   planes under load, not from plane queues. NAPI polls each plane's ring in batches, and on two
   busy cores part of that work is deferred to ksoftirqd.
-  - Ordering the slot table by earliest finish time was tried. In this order each plane's k-th
-    unit finishes at k / weight, so units would finish in the order they were sent if every plane
-    drained at its weight. It made no difference here: 0.8-1.0 % retransmissions on unequal
-    planes either way.
-  - It was worse where the planes do limit: on 400/200/100/100 Mbit/s it gave 4-9 % against
-    2.1 %, two runs each. A fixed order does not correct plane queue delays once they drift apart;
-    that would take a closed loop on the per-path evidence delay. It was not adopted.
+  - Unequal planes now alternate too. The slot table is built by round robin over the planes
+    first (2/1/0.5/0.5 gives planes 0,1,0,2,3,0,1,0), then over each plane's EVs. One round robin
+    over all 16 paths had sent the fast plane's four EVs back to back (planes 0,0,0,0,1,1,1,1,2,3,
+    ...).
+  - Measured side by side, 6-8 runs each. Where the planes limit (400/200/100/100 Mbit/s) it gave
+    0.70 Gbit/s with 4.0 % retransmissions, against 0.66 and 6.7 %. Here (2/1/0.5/0.5, CPU-bound)
+    it made no difference: 3.48 against 3.45 Gbit/s, and 0.9 against 0.8 %. Single runs vary from
+    0.3 to 11 % on the slow planes, so only averages say anything.
+  - Ordering the slots by earliest finish time (each plane's k-th unit finishes at k / weight)
+    was tried before this and was no better.
 * **CPU ceiling.** `unshaped` shows what this 2-core VM can carry: mrc's XDP decapsulation and
   encapsulation cost per packet, and the same two cores run both hosts, iperf3 and (during these
   runs) other engineers' tests. Where the mrc ceiling is near or below the sum of the plane rates,

@@ -1,6 +1,7 @@
-"""Slot tables: shares follow weights, consecutive slots alternate planes."""
+"""Slot tables: shares follow weights, consecutive slots alternate planes (equal or not)."""
 
 from collections import Counter
+from itertools import groupby
 
 from mrcctl import config, wire
 from mrcctl.loader import slot_table
@@ -35,3 +36,31 @@ def test_weights_are_respected_exactly_over_whole_rounds():
 def test_zero_weight_paths_get_no_slot():
     pr = peer(2, 2)
     assert set(slot_table(pr, [1, 0, 1, 1], 300)) == {0, 2, 3}
+
+
+def test_unequal_planes_alternate_too():
+    """2/1/0.5/0.5 Gbit/s with 4 EVs a plane: planes take turns by weight
+    (a plane's EVs are not sent back to back), each EV of a plane gets the
+    same share, and no plane gets more than two slots in a row."""
+    pr = peer(4, 4, [4, 2, 1, 1])
+    w = [p.weight for p in pr.paths]
+    n = (wire.MRC_SLOTS // sum(w)) * sum(w)
+    table = slot_table(pr, w, n)
+    planes = [pr.paths[s].plane.index for s in table]
+    assert planes[:8] == [0, 1, 0, 2, 3, 0, 1, 0]
+    assert max(len(list(g)) for _k, g in groupby(planes)) <= 2
+    per_path = Counter(table)
+    for p in range(4):
+        assert {per_path[i] for i, path in enumerate(pr.paths) if path.plane.index == p} == \
+            {n * [4, 2, 1, 1][p] // 8 // 4}
+
+
+def test_large_weights_fill_the_table():
+    """Weights up to the config's 1000 per plane, 16 EVs each: a plane's
+    weight (16 000) exceeds the table; shares are then within a slot."""
+    pr = peer(4, 16, [1000, 500, 250, 250])
+    w = [p.weight for p in pr.paths]
+    table = slot_table(pr, w, wire.MRC_SLOTS)
+    per_plane = Counter(pr.paths[s].plane.index for s in table)
+    assert [per_plane[p] for p in range(4)] == [512, 256, 128, 128]
+    assert len(set(table)) == 64
