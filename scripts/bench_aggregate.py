@@ -554,9 +554,10 @@ NOTES = """
   retransmissions, nearly all spurious (DSACKs; mrc's receiver counts no lost PSN). Two defaults
   answer it: the slot table alternates planes from one slot to the next (units drain side by side
   instead of queueing behind each other on one plane), and the overlay's unit is 64 KiB / planes,
-  at least 16 KiB (`overlay.gso_max_size` overrides it). `8K` halves the unit: on unequal
-  planes a third to a fifth of the retransmissions (0.2-0.35 %) for 0-3 % of goodput; on equal and on 8 planes
-  the CPU cost of twice the units outweighs what it saves.
+  at least 16 KiB (`overlay.gso_max_size` overrides it). `8K` halves the unit. On unequal
+  planes it gave 0.17-0.9 % retransmissions, against 0.65-1.1 % with the default unit, for 0-8 %
+  less goodput (over the day's runs; usually fewer retransmissions, not always). On equal planes
+  and on 8 planes the CPU cost of twice the units outweighs what it saves.
 * **The sender's TCP sysctls** (`tcp_reordering` 300, `tcp_recovery` 0, `tcp_max_reordering`) were
   measured during development and did not cut the spurious retransmissions of 64 KiB units
   (RACK's window is bounded by min_rtt and srtt, not by these). `tcp_min_rtt_wlen = 0` (min_rtt
@@ -603,24 +604,24 @@ NOTES = """
   **0.98 x MPTCP**, and any UDP encapsulation at all (28 bytes of outer IPv4 + UDP before the
   first MRC field) at most 0.998 x. The goal of 1.0 x MPTCP on equal planes is therefore out of
   reach at MTU 1500 by arithmetic, not by spraying; mrc weighted reaches 0.94-0.98 of its own
-  ceiling (six runs on the same day; run-to-run spread about 3 %).
+  ceiling (seven runs on the same day; run-to-run spread about 3 %).
 * **Per-packet cost.** The floor rows are what this VM charges before any of mrc's own work:
   reading the clock (~35 ns here) and `bpf_skb_adjust_room` (~40 ns) already make ~1.9 x a
   bare redirect, so a transmit program that also parses, picks a path, judges its health and
   numbers the packet cannot meet the 2 x goal here; mrc_tx is 1.85-2.05 x its floor. On receive
   the first segment of a unit to arrive is the receipt (it reads the clock, dates the path's
   evidence and applies the peer's echo); later segments of the unit only count and decapsulate,
-  so in a sprayed TCP stream mrc_rx costs 2.1-2.4 x a bare `XDP_PASS`, against 2.7-3.1 x when
+  so in a sprayed TCP stream mrc_rx costs 2.1-2.9 x a bare `XDP_PASS`, against 2.7-3.6 x when
   every packet is a unit of its own. About 12 ns of that is the per-peer reorder window's
   advance, which one CPU at a time performs (else a PSN marked by one CPU while another moved
   the window could be wiped and counted lost). The bare programs themselves vary 65-85 ns
   between runs, which moves every ratio by +-10 %.
-* **Where the goals stand** (six runs on the same day). On equal planes one connection reaches
-  0.92-0.96 x MPTCP (ceiling 0.98 x, above), on 8 planes 0.93-0.97 x. On unequal planes it reaches
-  1.04-1.15 x MPTCP and 0.88-0.90 x the sum (goal 0.90 x), with retransmissions of 0.9-1.1 % of
+* **Where the goals stand** (seven runs on the same day). On equal planes one connection reaches
+  0.92-0.96 x MPTCP (ceiling 0.98 x, above), on 8 planes 0.85-0.97 x. On unequal planes it reaches
+  1.04-1.15 x MPTCP and 0.88-0.90 x the sum (goal 0.90 x), with retransmissions of 0.65-1.1 % of
   segments, nearly all spurious (DSACKs): the
   run-to-run noise straddles both the 0.90 x and the 1 % line. The `unshaped` rows put mrc's
-  CPU ceiling at 4.1-4.4 Gbit/s (16 KiB units) on this 2-core VM, near the sum of the shaped planes:
+  CPU ceiling at 3.7-4.4 Gbit/s (16 KiB units) on this 2-core VM, near the sum of the shaped planes:
   with native XDP on a veth the sender segments every unit in software and the receiver copies
   each segment into a page of its own before the program runs, which plain veth (22 Gbit/s for
   TCP) never does.
