@@ -237,6 +237,9 @@ struct mrc_reorder {
 	__u64	lost;		/* PSNs that left the window unreceived */
 	__u64	late;		/* arrived after leaving the window */
 	__u64	resync;		/* sender restarts (PSN jumped by > 2^24) */
+	__u64	unmarked;	/* received while another CPU held the top: not
+				 * marked, so counted in lost when the window
+				 * passes them (bpf/reorder.h) */
 	__u64	hist[MRC_HIST_BUCKETS];	/* ooo by log2 distance */
 };
 

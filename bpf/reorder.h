@@ -173,8 +173,12 @@ static __always_inline int reorder_account(__u32 peer_idx, __u32 psn,
 			}
 			__sync_lock_test_and_set(&w->advancing, 0);
 		} else if (d > 0) {
-			/* the top stayed taken for the whole wait (not seen
-			 * here): counted, not marked */
+			/* The top stayed taken for the whole wait (the CPU
+			 * moving it may itself be interrupted, or its vCPU
+			 * descheduled): its word may be about to be cleared,
+			 * so the PSN is not marked. The window will count it
+			 * lost; unmarked says how many of those did arrive. */
+			ro->unmarked += 1;
 			return RO_NEW;
 		}
 	}

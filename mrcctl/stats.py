@@ -31,17 +31,18 @@ def _reorder(dp: Datapath, peer: int) -> dict | None:
     """The receiver's per-peer reorder/loss accounting (bpf/reorder.h).
 
     lost counts PSNs whose gap was not filled within the 4096-PSN window;
-    late ones arrived after that, so net_lost = lost - late."""
+    late ones arrived after that, and unmarked ones arrived while another CPU
+    moved the window (bpf/reorder.h), so net_lost = lost - late - unmarked."""
     try:
         m = dp.map("mrc_reorder")
     except Exception:   # an instance loaded before this map existed
         return None
     r = wire.Reorder.sum(m.lookup_percpu(wire.u32(peer)))
-    net = max(0, r.lost - r.late)
+    net = max(0, r.lost - r.late - r.unmarked)
     seen = r.rx_packets + net
     return {
         "rx_packets": r.rx_packets, "ooo": r.ooo, "dup": r.dup, "lost": r.lost, "late": r.late,
-        "net_lost": net, "resync": r.resync,
+        "unmarked": r.unmarked, "net_lost": net, "resync": r.resync,
         "ooo_ratio": round(r.ooo / r.rx_packets, 6) if r.rx_packets else 0.0,
         "loss_ratio": round(net / seen, 6) if seen else 0.0,
         "hist": _hist(r.hist),

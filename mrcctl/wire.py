@@ -571,7 +571,7 @@ class Reorder(_Counters):
     """struct mrc_reorder: per-peer reorder/loss counters (per CPU)."""
     C_NAME: ClassVar[str] = "mrc_reorder"
     LAYOUT: ClassVar = tuple((n, "Q") for n in (
-        "rx_packets", "ooo", "dup", "lost", "late", "resync")) + (
+        "rx_packets", "ooo", "dup", "lost", "late", "resync", "unmarked")) + (
         ("hist", f"{MRC_HIST_BUCKETS}Q"),)
     rx_packets: int = 0
     ooo: int = 0
@@ -579,6 +579,7 @@ class Reorder(_Counters):
     lost: int = 0
     late: int = 0
     resync: int = 0
+    unmarked: int = 0
     hist: list[int] = field(default_factory=lambda: [0] * MRC_HIST_BUCKETS)
 
 

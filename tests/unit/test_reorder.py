@@ -151,6 +151,32 @@ def test_segment_psn_from_tcp_sequence(dp):
     assert dp.seq().rx_psn_max == 13
 
 
+def test_psn_seen_while_another_cpu_moves_the_top_is_not_a_loss(dp):
+    """A PSN above the top that arrives while another CPU holds the window's
+    top is counted (rx_packets, unmarked) but not marked, since its word may
+    be cleared under it; the window later counts it lost, and net_lost takes
+    it back out."""
+    from mrcctl.stats import _reorder
+    feed(dp, range(64))
+    key = wire.u32(PEER)
+    win = wire.RxWin.unpack(dp.maps["mrc_rx_win"].lookup(key))
+    dp.maps["mrc_rx_win"].update(key, wire.replace(win, advancing=1).pack())   # another CPU's
+    feed(dp, [64])
+    r = reorder(dp)
+    assert (r.rx_packets, r.unmarked, r.lost) == (65, 1, 0)
+    win = wire.RxWin.unpack(dp.maps["mrc_rx_win"].lookup(key))
+    dp.maps["mrc_rx_win"].update(key, wire.replace(win, advancing=0).pack())
+    feed(dp, range(65, 128))
+    feed(dp, [127 + 64 * 64])          # word 65: word 1 (PSNs 64..127) leaves the window
+    r = reorder(dp)
+    assert (r.lost, r.late, r.unmarked) == (1, 0, 1)
+
+    class _Dp:      # what stats._reorder reads
+        def map(self, name):
+            return dp.maps[name]
+    assert _reorder(_Dp(), PEER)["net_lost"] == 0
+
+
 @pytest.mark.parametrize("n_paths", [4])
 def test_status_snapshot_shape_of_reorder(n_paths):
     """The per peer struct sums per CPU like the path counters."""
