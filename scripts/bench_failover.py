@@ -148,7 +148,7 @@ def run_mrc(name: str, args, tmp: Path, hedge, pace: str | None = None) -> dict:
             gbps_total=s["gbps"],
             **retransmissions(n0, n1),
             # wire PSNs the receiver never got, in either copy: inner packets lost
-            rx_lost=sum(p.get("reorder", {}).get("lost", 0) for p in snap1["peers"]),
+            rx_lost=sum(p.get("reorder", {}).get("net_lost", 0) for p in snap1["peers"]),
             lost_packets=tx_after - tx_before,
             detect_ms=round((min(e["time"] for e in on_plane) - w_fault) * 1000, 1) if on_plane else None,
             plane_paths_dead=len({e["path"] for e in on_plane}),
