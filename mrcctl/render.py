@@ -67,6 +67,15 @@ def path_rtt_us(p: dict) -> float | None:
     return p.get("srtt_us") or p.get("rtt_us") or None
 
 
+def _counter_table(title: str, name_col: str, count_col: str, counts: dict) -> Table:
+    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    t.add_column(name_col)
+    t.add_column(count_col, justify="right")
+    for k, v in sorted(counts.items()):
+        t.add_row(k, str(v))
+    return t
+
+
 def status_tables(snap: dict) -> list[Table]:
     """Compact tables that fit 80 columns for the foundation's fields."""
     tables = []
@@ -93,15 +102,14 @@ def status_tables(snap: dict) -> list[Table]:
                 row.append(si(p.get("rx_ooo")))
             t.add_row(*row)
         tables.append(t)
+    # what path health did, when it did anything: retirements, recoveries,
+    # hedged units, retransmissions steered to the freshest path
+    health = {k: v for k, v in snap.get("health", {}).items() if isinstance(v, int) and v}
+    if health:
+        tables.append(_counter_table("path health (datapath)", "counter", "count", health))
     drops = {k: v for k, v in snap.get("drops", {}).items() if v}
     if drops:
-        t = Table(title="datapath verdicts by reason", title_justify="left", box=box.SIMPLE_HEAD,
-                  pad_edge=False)
-        t.add_column("reason")
-        t.add_column("packets", justify="right")
-        for k, v in sorted(drops.items()):
-            t.add_row(k, str(v))
-        tables.append(t)
+        tables.append(_counter_table("datapath verdicts by reason", "reason", "packets", drops))
     return tables
 
 

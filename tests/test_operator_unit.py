@@ -139,11 +139,13 @@ def test_status_table_fits_80_columns():
                                                                 "udp_port": 4794})
     for p in s["peers"][0]["paths"]:
         p["tx_bytes"] *= 1000
+    s["health"] = {"dead": 4, "recovered": 0, "retx_steered": 17, "agent": {"probes_sent": 9}}
     render.print_status(s, console)
     text = console.export_text()
     assert all(len(ln) <= 80 for ln in text.splitlines())
     assert "…" not in text                           # nothing squeezed
     assert "ASSUMED_BAD" in text and "1.7G" in text
+    assert "retx_steered" in text and "17" in text and "recovered" not in text   # non-zero only
 
 
 def test_exporter_families_from_a_snapshot():
