@@ -44,24 +44,30 @@ static __always_inline int tx_drop(__u32 reason)
 }
 
 /*
- * Can the next unit go out on this path: configured, not denied by the
+ * Can the next unit go out on path `pid`: configured, not denied by the
  * operator, and GOOD by the liveness judgement of bpf/health.h, which may
  * retire the path right here (H_UNUSABLE) or call it suspect (H_SUSPECT:
- * usable, hedged if hedging is on).
+ * usable, hedged if hedging is on). Returns the path, its verdict in
+ * *verdict, or NULL.
  */
-static __always_inline int path_usable(const struct mrc_config *cfg,
-				       const struct mrc_peer *peer,
-				       __u32 peer_idx, __u32 pid,
-				       const struct mrc_path *path,
-				       struct mrc_path_live *live, __u64 now)
+static __always_inline struct mrc_path *
+usable_path(const struct mrc_config *cfg, const struct mrc_peer *peer,
+	    __u32 peer_idx, __u32 pid, __u32 n_paths, __u64 now, int *verdict)
 {
-	if (path->ifindex == 0)
-		return H_UNUSABLE;
-	if (path->family != 4 && path->family != 6)
-		return H_UNUSABLE;
-	if (path->admin == MRC_PATH_DENIED)
-		return H_UNUSABLE;
-	return health_judge(cfg, peer, peer_idx, pid, live, now);
+	__u32 idx = MRC_PATH_IDX(peer_idx, pid & (MRC_MAX_PATHS - 1));
+	struct mrc_path *path;
+	struct mrc_path_live *live;
+
+	if (pid >= n_paths)
+		return NULL;
+	path = bpf_map_lookup_elem(&mrc_paths, &idx);
+	live = bpf_map_lookup_elem(&mrc_live, &idx);
+	if (!path || !live || path->ifindex == 0 ||
+	    (path->family != 4 && path->family != 6) ||
+	    path->admin == MRC_PATH_DENIED)
+		return NULL;
+	*verdict = health_judge(cfg, peer, peer_idx, pid, live, now);
+	return *verdict >= 0 ? path : NULL;
 }
 
 SEC("tc")
@@ -78,7 +84,6 @@ int mrc_tx(struct __sk_buff *skb)
 	struct mrc_peer_seq *seq;
 	struct mrc_slots *slots;
 	struct mrc_path *path = NULL;
-	struct mrc_path_live *live;
 	struct mrc_path_stats *st;
 	struct mrc_unit u = {};
 	struct spray_state sp;
@@ -86,8 +91,8 @@ int mrc_tx(struct __sk_buff *skb)
 	__u32 inner_hdrs, overhead, port, len;
 	__u64 now, flags;
 	__u32 *pidx;
-	int proto, tcp_len, verdict = H_UNUSABLE, hedge = -1;
-	bool retx = false;
+	int proto, tcp_len = -1, verdict = H_UNUSABLE, hedge = -1;
+	bool tcp, retx = false;
 
 	/* Headers of locally generated packets are linear; forwarded ones
 	 * may not be. Pull only when short, pulling is not free. */
@@ -125,14 +130,15 @@ int mrc_tx(struct __sk_buff *skb)
 	/* Inner TCP: where the unit starts in the flow's sequence space, and
 	 * whether it is a retransmission (bpf/health.h). */
 	inner_hdrs = iph->ihl * 4;
-	tcp_len = -1;
-	if (proto == IPPROTO_TCP && !(iph->frag_off & bpf_htons(0x3fff)))
+	len = 0;	/* TCP payload of the unit */
+	tcp = proto == IPPROTO_TCP && !(iph->frag_off & bpf_htons(0x3fff));
+	if (tcp)
 		tcp_len = parse_tcphdr(&nh, data_end, &tcph);
 	if (tcp_len > 0) {
 		u.seq0 = bpf_ntohl(tcph->seq);
 		inner_hdrs += tcp_len;
-		retx = health_tcp_retx(peer_idx, iph, tcph, u.seq0,
-				       skb->len - ETH_HLEN - inner_hdrs);
+		len = skb->len - ETH_HLEN - inner_hdrs;
+		retx = health_tcp_retx(peer_idx, iph, tcph, u.seq0, len);
 	}
 
 	/* 2. Pick a path: the next slot of the live table, or one of the
@@ -154,38 +160,24 @@ int mrc_tx(struct __sk_buff *skb)
 	 * most recently, if usable: a resend sprayed onto a plane that has
 	 * just failed would be lost again (bpf/health.h). */
 	if (retx && seq->ack_max_ns) {
-		__u32 pid = seq->ack_max_path;
-
-		idx = MRC_PATH_IDX(peer_idx, pid & (MRC_MAX_PATHS - 1));
-		path = pid < n_paths ? bpf_map_lookup_elem(&mrc_paths, &idx) : NULL;
-		live = bpf_map_lookup_elem(&mrc_live, &idx);
-		if (path && live &&
-		    (verdict = path_usable(cfg, peer, peer_idx, pid, path,
-					   live, now)) >= 0) {
-			u.path_id = pid;	/* no slot walk below */
+		path = usable_path(cfg, peer, peer_idx, seq->ack_max_path,
+				   n_paths, now, &verdict);
+		if (path) {
+			u.path_id = seq->ack_max_path;	/* no slot walk below */
 			health_count_retx();
-		} else {
-			path = NULL;
 		}
 	}
 	for (i = path ? TX_PATH_RETRIES + 1 : 0; i <= TX_PATH_RETRIES; i++) {
 		__u32 s = (start + i) % n;
-		__u32 pid;
+		__u32 pid = slots->slot[s & (MRC_SLOTS - 1)];
 
-		pid = slots->slot[s & (MRC_SLOTS - 1)];
-		if (pid >= n_paths)
-			continue;
-		idx = MRC_PATH_IDX(peer_idx, pid);
-		path = bpf_map_lookup_elem(&mrc_paths, &idx);
-		live = bpf_map_lookup_elem(&mrc_live, &idx);
-		if (path && live &&
-		    (verdict = path_usable(cfg, peer, peer_idx, pid, path,
-					   live, now)) >= 0) {
+		path = usable_path(cfg, peer, peer_idx, pid, n_paths, now,
+				   &verdict);
+		if (path) {
 			u.path_id = pid;
 			spray_used(&sp, s);
 			break;
 		}
-		path = NULL;
 	}
 	if (!path) {
 		/* Nothing usable near the cursor: bpf/health.h. */
@@ -208,17 +200,14 @@ int mrc_tx(struct __sk_buff *skb)
 	u.segs = skb->gso_segs ? skb->gso_segs : 1;
 	u.seg_size = skb->gso_size;
 	u.tos = iph->tos & 0xfc;	/* DSCP only: we do not propagate ECN */
-	if (tcp_len > 0) {
+	if (!tcp) {
+		u.seg_size = 0;	/* receiver numbers TCP segments only */
+	} else if (tcp_len > 0 && !skb->gso_segs && u.seg_size) {
 		/* gso_segs may be unset on packets the stack marked for
 		 * re-validation: derive it. */
-		if (!skb->gso_segs && u.seg_size) {
-			len = skb->len - ETH_HLEN - inner_hdrs;
-			u.segs = (len + u.seg_size - 1) / u.seg_size;
-			if (u.segs < 1)
-				u.segs = 1;
-		}
-	} else if (proto != IPPROTO_TCP || (iph->frag_off & bpf_htons(0x3fff))) {
-		u.seg_size = 0;	/* receiver numbers TCP segments only */
+		u.segs = (len + u.seg_size - 1) / u.seg_size;
+		if (u.segs < 1)
+			u.segs = 1;
 	}
 	u.tx_ts = (__u32)(now / 1000);
 
