@@ -96,11 +96,7 @@ def throttles(lab: Lab) -> int:
     """tbf overlimits summed over the sender's plane devices: how often a
     packet had to wait for tokens. A plane that limits the transfer throttles
     thousands of times a second; one that the CPU never fills, hardly ever."""
-    total = 0
-    for dev in lab.tb.planes(0, 1):
-        out = lab.tb.exec(0, ["tc", "-s", "-j", "qdisc", "show", "dev", dev]).stdout
-        total += sum(q.get("overlimits", 0) for q in json.loads(out or "[]") if q.get("kind") == "tbf")
-    return total
+    return sum(lab.qdisc_counter(0, dev, "overlimits", "tbf") for dev in lab.tb.planes(0, 1))
 
 
 def measured(lab: Lab, fn, mrc: bool) -> dict:

@@ -110,14 +110,19 @@ class Lab:
         send = self.start_sender(src, dst, nbytes, port, seed, timeout)
         return self.result(send, timeout + 30), self.result(recv, timeout + 30)
 
+    def qdisc_counter(self, i: int, dev: str, key: str, kind: str | None = None) -> int:
+        """Counter `key` (tc -s -j: drops, overlimits, ...) summed over host
+        i's qdiscs on dev, only those of `kind` if given."""
+        out = self.tb.exec(i, ["tc", "-s", "-j", "qdisc", "show", "dev", dev]).stdout
+        return sum(q.get(key, 0) for q in json.loads(out or "[]") if kind in (None, q.get("kind")))
+
     def plane_drops(self, i: int) -> int:
         """Packets host i's plane devices dropped on transmit, qdisc and
         device together: the wire losses a receiver may legitimately see."""
         total = 0
         for j in self.tb.peers(i):
             for dev in self.tb.planes(i, j):
-                out = self.tb.exec(i, ["tc", "-s", "-j", "qdisc", "show", "dev", dev]).stdout
-                total += sum(q.get("drops", 0) for q in json.loads(out or "[]"))
+                total += self.qdisc_counter(i, dev, "drops")
                 link = json.loads(self.tb.exec(i, ["ip", "-s", "-j", "link", "show", "dev", dev]).stdout)
                 total += link[0].get("stats64", {}).get("tx", {}).get("dropped", 0)
         return total
