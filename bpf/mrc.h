@@ -208,6 +208,8 @@ struct mrc_path_stats {
 	/* receiver reorder accounting (bpf/reorder.h) */
 	__u64	rx_late;	/* older than the reorder window: counted lost
 				 * when the window passed, then arrived */
+	__u64	tx_steered;	/* of tx_packets: TCP retransmissions sent here
+				 * as the freshest path, not by the slot table */
 	__u64	rx_ooo_hist[MRC_PATH_HIST];	/* out-of-order arrivals by
 				 * distance below the highest PSN: bucket b
 				 * holds 2^b..2^(b+1)-1, the last one more */

@@ -92,7 +92,7 @@ int mrc_tx(struct __sk_buff *skb)
 	__u64 now, flags;
 	__u32 *pidx;
 	int proto, tcp_len = -1, verdict = H_UNUSABLE, hedge = -1;
-	bool tcp, retx = false;
+	bool tcp, retx = false, steered = false;
 
 	/* Headers of locally generated packets are linear; forwarded ones
 	 * may not be. Pull only when short, pulling is not free. */
@@ -164,6 +164,7 @@ int mrc_tx(struct __sk_buff *skb)
 				   n_paths, now, &verdict);
 		if (path) {
 			u.path_id = seq->ack_max_path;	/* no slot walk below */
+			steered = true;
 			health_count_retx();
 		}
 	}
@@ -287,6 +288,8 @@ int mrc_tx(struct __sk_buff *skb)
 	st = path_stats(peer_idx, u.path_id);
 	if (st) {
 		st->tx_packets += u.segs;
+		if (steered)
+			st->tx_steered += u.segs;
 		st->tx_bytes += len + (__u64)(u.segs - 1) *
 					      (ETH_HLEN + overhead + inner_hdrs);
 	}

@@ -100,6 +100,7 @@ def _snapshot(cfg: cfgmod.Config, dp: Datapath) -> dict:
                 "weight": pent_path.weight,
                 "tx_packets": st.tx_packets,
                 "tx_bytes": st.tx_bytes,
+                "tx_steered": st.tx_steered,
                 "rx_packets": st.rx_packets,
                 "rx_bytes": st.rx_bytes,
                 "rx_ooo": st.rx_ooo,

@@ -542,7 +542,7 @@ class PathStats(_Counters):
     C_NAME: ClassVar[str] = "mrc_path_stats"
     LAYOUT: ClassVar = tuple((n, "Q") for n in (
         "tx_packets", "tx_bytes", "rx_packets", "rx_bytes", "rx_ooo", "rx_dup",
-        "probes_tx", "probes_rx", "rx_late")) + (("rx_ooo_hist", f"{MRC_PATH_HIST}Q"),)
+        "probes_tx", "probes_rx", "rx_late", "tx_steered")) + (("rx_ooo_hist", f"{MRC_PATH_HIST}Q"),)
     tx_packets: int = 0
     tx_bytes: int = 0
     rx_packets: int = 0
@@ -552,6 +552,7 @@ class PathStats(_Counters):
     probes_tx: int = 0
     probes_rx: int = 0
     rx_late: int = 0
+    tx_steered: int = 0
     rx_ooo_hist: list[int] = field(default_factory=lambda: [0] * MRC_PATH_HIST)
 
 

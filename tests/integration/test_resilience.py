@@ -478,23 +478,24 @@ def test_upgrade_in_place_during_transfers(tmp_path):
             for i in (0, 1):
                 check_tables(lab, i, kw.get("evs", 2), kw["planes"])
         # the last config carries traffic as configured: 3:1:1 by plane in the
-        # spray table, and on the wire the heaviest plane carries the most
-        # (less than 3/5: TCP's retransmissions - a quarter of the segments
-        # when 3/5 of the units meet one 80 Mbit/s plane - take the path
-        # with the freshest evidence, not the table)
+        # spray table, and in what the table sent (retransmissions go to the
+        # path with the freshest evidence instead)
         slot_share: dict = {}
         for p in lab.paths(0):
             slot_share[p["plane"]] = slot_share.get(p["plane"], 0) + p["slot_share"]
         assert sorted(round(v, 2) for v in slot_share.values()) == [0.2, 0.2, 0.6], slot_share
-        before = {p["id"]: p["tx_packets"] for p in lab.paths(0)}
+
+        def sprayed(p):
+            return p["tx_packets"] - p["tx_steered"]
+        before = {p["id"]: sprayed(p) for p in lab.paths(0)}
         recv, send = transfer_bg(lab, "32M", 5299, seed=99)
         finish(lab, recv, send)
         per_plane: dict = {}
         for p in lab.paths(0):
-            per_plane[p["plane"]] = per_plane.get(p["plane"], 0) + p["tx_packets"] - before[p["id"]]
+            per_plane[p["plane"]] = per_plane.get(p["plane"], 0) + sprayed(p) - before[p["id"]]
         total = sum(per_plane.values())
-        heavy = max(slot_share, key=slot_share.get)
-        assert per_plane[heavy] / total > 0.4 and per_plane[heavy] == max(per_plane.values()), per_plane
+        shares = sorted((v / total for v in per_plane.values()), reverse=True)
+        assert shares[0] > 0.45, per_plane
         assert xdp_id(lab, 0, "p1h1") == 0                        # the removed plane was released
         assert lab.tb.exec(0, ["sysctl", "-n", "net.ipv4.conf.p1h1.rp_filter"]).stdout.strip() == "0"
 

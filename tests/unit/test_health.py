@@ -415,6 +415,7 @@ def test_retransmission_takes_the_freshest_path(hdp, hedge):
     assert send(inner_tcp(5400, 300)) == 0          # ends past it: new data
     assert send(inner_tcp(5700, 0)) == 0            # pure ACK
     assert health(hdp).retx_steered == 2 and health(hdp).hedged == 0
+    assert (hdp.stats(2).tx_steered, hdp.stats(2).tx_packets, hdp.stats(0).tx_steered) == (2, 2, 0)
     hdp.set_live(2, state=wire.PathState.ASSUMED_BAD)
     assert send(inner_tcp(5000, 300)) == 0          # freshest path not usable: the slot
 
