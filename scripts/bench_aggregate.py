@@ -47,7 +47,7 @@ sys.path.insert(0, str(REPO / "tests" / "integration"))
 
 from lab import Lab  # noqa: E402
 from scripts import preflight  # noqa: E402
-from mrcctl import wire  # noqa: E402
+from mrcctl.datapath import abi as wire  # noqa: E402
 
 OUT_DIR = REPO / "docs" / "benchmarks"
 PREFIX = "ab"
@@ -61,7 +61,7 @@ SCENARIOS = {
 
 
 def rate_bits(r) -> int:
-    from mrcctl.testbed import parse_rate
+    from mrcctl.lab.testbed import parse_rate
     return parse_rate(r) or 0
 
 
@@ -263,8 +263,8 @@ UNIT_SEGS = 16384 // 1392 + 1
 
 
 def per_packet_cost(n: int, log) -> dict:
-    from mrcctl.libbpf import BpfObject, Program
-    from mrcctl.loader import load_objects
+    from mrcctl.datapath.libbpf import BpfObject, Program
+    from mrcctl.datapath.objects import load_objects
     sys.path.insert(0, str(REPO / "tests" / "unit"))
     import unit_pkt as pkt
     from unit_dp import PATHS, PEER, PEER_OVERLAY, LOCAL_OVERLAY, OVL_DMAC, OVL_SMAC, UDP_PORT

@@ -43,7 +43,7 @@ sys.path.insert(0, str(REPO / "tests" / "integration"))
 
 from lab import XFER, Lab  # noqa: E402
 from scripts import preflight  # noqa: E402
-from mrcctl.testbed import Testbed  # noqa: E402
+from mrcctl.lab.testbed import Testbed  # noqa: E402
 
 PORT = 5001
 BUCKET_MS = 10
@@ -165,7 +165,7 @@ def run_probe_cpu(args, tmp: Path, evs: int = 64, seconds: float = 10.0) -> dict
     (tmp / "probe-cpu").mkdir(parents=True, exist_ok=True)
     with Lab(tmp / "probe-cpu", 2, args.planes, rates=args.rate, prefix=args.prefix, evs=evs) as lab:
         lab.up()
-        run_dir = lab.tb.exec(0, [sys.executable, "-c", "from mrcctl.state import Instance; "
+        run_dir = lab.tb.exec(0, [sys.executable, "-c", "from mrcctl.instance.state import Instance; "
                                   "print(Instance('mrc0').run_dir)"]).stdout.strip()
         time.sleep(2.0)
         a = json.loads(Path(run_dir, "health.json").read_text())

@@ -37,7 +37,7 @@ sys.path.insert(0, str(REPO / "tests" / "integration"))
 
 from lab import Lab  # noqa: E402
 from scripts import preflight  # noqa: E402
-from mrcctl.libbpf import BPF_MAP_TYPE_HASH, BPF_MAP_TYPE_LRU_PERCPU_HASH, BPF_MAP_TYPE_PERCPU_HASH, Map  # noqa: E402
+from mrcctl.datapath.libbpf import BPF_MAP_TYPE_HASH, BPF_MAP_TYPE_LRU_PERCPU_HASH, BPF_MAP_TYPE_PERCPU_HASH, Map  # noqa: E402
 
 HASH_TYPES = {BPF_MAP_TYPE_HASH, BPF_MAP_TYPE_PERCPU_HASH, 9, BPF_MAP_TYPE_LRU_PERCPU_HASH}  # 9: LRU_HASH
 FAULTS = ("blackhole", "blackhole-both", "carrier", "flap", "loss")

@@ -23,7 +23,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from mrcctl.testbed import Testbed  # noqa: E402
+from mrcctl.lab.testbed import Testbed  # noqa: E402
 
 PREFIX = "hcf"
 NS = f"{PREFIX}-h0"

@@ -91,7 +91,7 @@ def test_kubernetes_manifests_parse_and_are_complete():
 
 
 def test_kubernetes_configmap_is_a_valid_mrc_config():
-    from mrcctl import config
+    from mrcctl.instance import config
     cm = next(d for d in _k8s_docs() if d["kind"] == "ConfigMap")
     for name, text in cm["data"].items():
         cfg = config.parse(text, source=name)
@@ -123,7 +123,7 @@ def test_operator_guide_covers_every_config_key_and_command():
     from mrcctl.cli import cli
     for name in cli.commands:
         assert f"mrcctl {name}" in guide, name
-    src = (ROOT / "mrcctl" / "config.py").read_text()
+    src = (ROOT / "mrcctl" / "instance" / "config.py").read_text()
     # every key the validator accepts (the _check_keys sets) is documented
     for keys in re.findall(r"_check_keys\([^,]+,\s*\w+,\s*\{([^}]*)\}", src):
         for key in re.findall(r'"([a-z_]+)"', keys):

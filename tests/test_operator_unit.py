@@ -8,8 +8,11 @@ import os
 
 import pytest
 
-from mrcctl import config, render
-from mrcctl.top import EventTail, View, build_frame, compute_rates, fold
+from mrcctl.instance import config
+
+from mrcctl.observe import render
+from mrcctl.observe.source import EventTail
+from mrcctl.observe.top import View, build_frame, compute_rates, fold
 
 BASE = """
 [overlay]
@@ -153,7 +156,7 @@ def test_exporter_families_from_a_snapshot():
     from prometheus_client.parser import text_string_to_metric_families
     from prometheus_client.registry import CollectorRegistry
 
-    from mrcctl.exporter import families
+    from mrcctl.observe.exporter import families
     s = snap(3)
     s["peers"][0]["paths"][0]["rx_ooo_hist"] = {"1": 4, "2-3": 1}
 

@@ -3,8 +3,10 @@
 from collections import Counter
 from itertools import groupby
 
-from mrcctl import config, wire
-from mrcctl.loader import slot_table
+from mrcctl.datapath import abi as wire
+
+from mrcctl.instance import config
+from mrcctl.instance.slots import slot_table
 
 
 def peer(planes: int, evs: int, weights=None):

@@ -1,4 +1,4 @@
-"""Integration tests of the testbed (mrcctl/testbed.py, scripts/testbed.py) with real network namespaces.
+"""Integration tests of the testbed (mrcctl/lab/testbed.py, scripts/testbed.py) with real network namespaces.
 
 Each test uses its own short prefix ("tb{pid}{letter}") and removes what it
 built. Skipped unless run as root with `ip` available.
@@ -17,8 +17,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from mrcctl import testbed as tbmod  # noqa: E402
-from mrcctl.testbed import Testbed, cleanup, overlay_addr, parse_rate, tbf_burst  # noqa: E402
+from mrcctl.lab import testbed as tbmod  # noqa: E402
+from mrcctl.lab.testbed import Testbed, cleanup, overlay_addr, parse_rate, tbf_burst  # noqa: E402
 
 pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0, reason="needs root (network namespaces)"),

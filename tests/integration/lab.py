@@ -1,6 +1,6 @@
 """A testbed with mrc on every host: the integration tests' harness.
 
-Lab(hosts, planes, ...) builds the namespaces (mrcctl.testbed), writes one
+Lab(hosts, planes, ...) builds the namespaces (mrcctl.lab.testbed), writes one
 mrc config per host and runs the real `mrcctl` inside each namespace with
 `ip netns exec`, exactly as an operator would.
 """
@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from mrcctl.testbed import Testbed
+from mrcctl.lab.testbed import Testbed
 
 REPO = Path(__file__).resolve().parents[2]
 XFER = str(REPO / "scripts" / "xfer.py")

@@ -53,7 +53,8 @@ def finish_iperf(srv, cli, timeout: float) -> dict:
 def start_sampler(lab: Lab, seconds: float, out: str):
     ready = lab.tmp / "sampler-ready"
     ready.unlink(missing_ok=True)
-    proc = lab.tb.popen(0, [*MRCCTL[:1], "-m", "mrcctl.weights", "sample", "-c", str(lab.configs[0]),
+    proc = lab.tb.popen(0, [*MRCCTL[:1], str(REPO / "tests" / "integration" / "sample_weights.py"), "sample",
+                            "-c", str(lab.configs[0]),
                             "--seconds", str(seconds), "--interval-ms", "2", "--out", out,
                             "--ready-file", str(ready)], cwd=REPO)
     deadline = time.monotonic() + 10

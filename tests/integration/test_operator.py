@@ -45,8 +45,8 @@ def lab(tmp_path_factory):
 
 
 def stream(lab: Lab, seconds: float, port: int = 5201):
-    """A time-bounded TCP stream h0 -> h1 (mrcctl.demo's sha256-checked ends)."""
-    py = [sys.executable, "-m", "mrcctl.demo"]
+    """A time-bounded TCP stream h0 -> h1 (mrcctl.lab.stream's sha256-checked ends)."""
+    py = [sys.executable, "-m", "mrcctl.cli.stream"]
     recv = lab.tb.popen(1, py + ["recv", "--bind", lab.overlay(1), "--port", str(port),
                                  "--timeout", str(seconds + 40)],
                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -336,7 +336,7 @@ def _leftovers(before_links: str, before_inst: set[str]) -> list[str]:
         m = re.match(r"ns(\d+)-", name)
         if m and int(m.group(1)) not in live:
             bad.append(f"instance record {name}")
-    procs = subprocess.run(["pgrep", "-af", "mrcctl.demo|mrcctl demo"], capture_output=True, text=True).stdout
+    procs = subprocess.run(["pgrep", "-af", "mrcctl.cli.stream|mrcctl demo"], capture_output=True, text=True).stdout
     bad += [f"process {ln}" for ln in procs.splitlines() if "pgrep" not in ln]
     sessions = subprocess.run(["tmux", "ls"], capture_output=True, text=True).stdout if shutil.which("tmux") else ""
     bad += [f"tmux {ln}" for ln in sessions.splitlines() if "mrcdemo" in ln]

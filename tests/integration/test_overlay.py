@@ -160,14 +160,14 @@ def test_down_leaves_nothing(tmp_path):
 
 
 def _instance_dirs(lab):
-    from mrcctl.state import RUN_DIR
+    from mrcctl.instance.state import RUN_DIR
     netns = {lab.tb.exec(i, ["stat", "-L", "-c", "%i", "/proc/self/ns/net"]).stdout.strip() for i in (0, 1)}
     d = RUN_DIR / "instances"
     return [p for p in d.iterdir() if any(p.name.startswith(f"ns{n}-") for n in netns)] if d.exists() else []
 
 
 def _prog_ids() -> set[int]:
-    from mrcctl.libbpf import LibbpfError, Program, prog_ids
+    from mrcctl.datapath.libbpf import LibbpfError, Program, prog_ids
     found = set()
     for pid in prog_ids():
         try:
@@ -183,9 +183,9 @@ def test_agent_restores_a_wrong_neighbour_mac(lab2):
     """The agent keeps each path's destination MAC equal to the kernel's neighbour entry."""
     import time
 
-    from mrcctl import wire
-    from mrcctl.libbpf import Map
-    from mrcctl.state import Instance
+    from mrcctl.datapath import abi as wire
+    from mrcctl.datapath.libbpf import Map
+    from mrcctl.instance.state import Instance
 
     ino = int(lab2.tb.exec(0, ["stat", "-L", "-c", "%i", "/proc/self/ns/net"]).stdout)
     state = Instance("mrc0", netns=ino).read()

@@ -129,8 +129,8 @@ def finish(lab: Lab, recv, send) -> tuple[dict, dict]:
 def check_tables(lab: Lab, i: int, evs: int, planes: list[int]) -> None:
     """The datapath's view after an upgrade: the live slot table names only
     paths below n_paths, and each of those paths is the configured (plane, EV)."""
-    from mrcctl import wire
-    from mrcctl.libbpf import Map
+    from mrcctl.datapath import abi as wire
+    from mrcctl.datapath.libbpf import Map
     ids = state(lab, i)["map_ids"]
     with Map.from_id(ids["mrc_peers"]) as pm, Map.from_id(ids["mrc_slots"]) as sm, \
             Map.from_id(ids["mrc_paths"]) as pa:

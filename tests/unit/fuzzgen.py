@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import unit_pkt as pkt
 from unit_dp import LOCAL_OVERLAY, OVL_DMAC, OVL_SMAC, PATHS, PEER, PEER_OVERLAY, UDP_PORT
-from mrcctl import wire
+from mrcctl.datapath import abi as wire
 import rxmodel
 from rxmodel import RxModel, TxModel, Verdict
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, field
 
-from mrcctl import wire
+from mrcctl.datapath import abi as wire
 
 XDP_ABORTED, XDP_DROP, XDP_PASS, XDP_TX = 0, 1, 2, 3
 TC_ACT_SHOT, TC_ACT_REDIRECT = 2, 7

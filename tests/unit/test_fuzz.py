@@ -14,7 +14,7 @@ import pytest
 import fuzzgen
 import rxmodel
 import unit_pkt as pkt
-from mrcctl import wire
+from mrcctl.datapath import abi as wire
 from unit_dp import PATHS, UDP_PORT
 
 R = wire.Reason

@@ -13,8 +13,8 @@ import unit_pkt as pkt
 from unit_dp import (LOCAL_OVERLAY, OVL_DMAC, OVL_SMAC, PATHS, PEER, PEER_OVERLAY,
                      TC_ACT_REDIRECT, TC_ACT_SHOT, UDP_PORT, XDP_DROP, XDP_PASS, now_us)
 from test_rx import inner_ip, mrc_frame
-from mrcctl import wire
-from mrcctl.libbpf import RingBuffer
+from mrcctl.datapath import abi as wire
+from mrcctl.datapath.libbpf import RingBuffer
 
 DEAD_US = 5000
 MS = 1_000_000

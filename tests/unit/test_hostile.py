@@ -16,7 +16,7 @@ import pytest
 import rxmodel
 import unit_pkt as pkt
 from fuzzgen import (EMPTY_PEER_SRC, OTHER_PLANE_SRC, OUR_MAC, PEER_MAC, configure)
-from mrcctl import wire
+from mrcctl.datapath import abi as wire
 from unit_dp import (LO_IFINDEX, LOCAL_OVERLAY, OVL_DMAC, OVL_SMAC, PATHS, PEER, PEER_OVERLAY,
                      TC_ACT_REDIRECT, TC_ACT_SHOT, UDP_PORT, XDP_DROP, XDP_PASS, XDP_TX, now_us)
 

@@ -1,4 +1,4 @@
-"""mrcctl.libbpf: the ctypes layer itself (pins, map ops, errors, ring buffer)."""
+"""mrcctl.datapath.libbpf: the ctypes layer itself (pins, map ops, errors, ring buffer)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from unit_dp import BPF_DIR, XDP_PASS, need_root
-from mrcctl import libbpf, wire
+from mrcctl.datapath import abi as wire, libbpf
 
 RINGBUF_PROG = r"""
 #include "maps.h"
@@ -200,8 +200,8 @@ def test_map_and_program_from_id(dp):
 def test_attach_detach(dp, veth):
     """The product's attach path (pyroute2) on a throwaway veth: native XDP
     and the tc egress filter, their ids read back, then removed."""
-    from mrcctl.topology import Netlink
-    from mrcctl.libbpf import TC_INGRESS, tc_query
+    from mrcctl.instance.topology import Netlink
+    from mrcctl.datapath.libbpf import TC_INGRESS, tc_query
     with Netlink() as nl:
         dev = nl.ipr.link("get", index=veth)[0].get("ifname")
         try:
@@ -227,7 +227,7 @@ def test_reload_reuses_maps_unless_their_layout_changed(bpf_objects):
     whose layout the new objects still declare, and replaces one whose
     layout changed instead of failing to load (libbpf would adopt the old
     sizes and the verifier refuse the programs)."""
-    from mrcctl.loader import load_objects
+    from mrcctl.datapath.objects import load_objects
     with load_objects() as first:
         # stand-in for a map of an older release: same name, another layout
         old_seq = libbpf.Map.from_id(first.maps["mrc_peers"].id)

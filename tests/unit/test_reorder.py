@@ -7,7 +7,7 @@ import pytest
 
 import unit_pkt as pkt
 from unit_dp import LOCAL_OVERLAY, PATHS, PEER, PEER_OVERLAY, UDP_PORT, XDP_PASS
-from mrcctl import wire
+from mrcctl.datapath import abi as wire
 
 OUR_MAC = "02:00:00:00:01:01"
 PEER_MAC = "02:00:00:00:01:02"
@@ -156,7 +156,7 @@ def test_psn_seen_while_another_cpu_moves_the_top_is_not_a_loss(dp):
     top is counted (rx_packets, unmarked) but not marked, since its word may
     be cleared under it; the window later counts it lost, and net_lost takes
     it back out."""
-    from mrcctl.stats import _reorder
+    from mrcctl.observe.snapshot import _reorder
     feed(dp, range(64))
     key = wire.u32(PEER)
     win = wire.RxWin.unpack(dp.maps["mrc_rx_win"].lookup(key))

@@ -10,7 +10,7 @@ import pytest
 import unit_pkt as pkt
 from unit_dp import (LO_IFINDEX, LOCAL_OVERLAY, OVL_DMAC, OVL_SMAC, PATHS, PEER_OVERLAY,
                       TC_ACT_REDIRECT, UDP_PORT, XDP_DROP, XDP_PASS, XDP_TX, now_us)
-from mrcctl import wire
+from mrcctl.datapath import abi as wire
 
 PEER_MAC = "02:00:00:00:01:02"   # the sender's plane MAC (outer source)
 OUR_MAC = "02:00:00:00:01:01"

@@ -9,7 +9,8 @@ from collections import Counter
 import unit_pkt as pkt
 from unit_dp import (LOCAL_OVERLAY, OVL_DMAC, OVL_SMAC, PATHS, PEER, PEER_OVERLAY,
                       TC_ACT_REDIRECT)
-from mrcctl import wire
+from mrcctl.datapath import abi as wire
+from mrcctl.instance.slots import build_slot_table
 
 
 def inner(sport: int, proto: int = pkt.IPPROTO_TCP, seq: int = 0) -> bytes:
@@ -33,7 +34,7 @@ def send(dp, frame: bytes) -> int:
 def mode(dp, spray: wire.SprayMode, gap_us: int = 0):
     dp.set_peer(PEER, n_paths=len(PATHS), overlay=PEER_OVERLAY, spray_mode=spray,
                 flowlet_gap_us=gap_us)
-    dp.set_slots(wire.build_slot_table([1] * len(PATHS), 64))
+    dp.set_slots(build_slot_table([1] * len(PATHS), 64))
 
 
 def flowlets(dp) -> dict:
@@ -64,7 +65,7 @@ def test_hash_keeps_a_flow_on_one_path_and_spreads_flows(dp):
 
 def test_hash_follows_slot_weights(dp):
     mode(dp, wire.SprayMode.HASH)
-    dp.set_slots(wire.build_slot_table([3, 1, 0, 0], 64))
+    dp.set_slots(build_slot_table([3, 1, 0, 0], 64))
     per_flow = Counter(send(dp, inner(sport)) for sport in range(30000, 30400))
     assert set(per_flow) == {0, 1}
     assert 0.65 <= per_flow[0] / 400 <= 0.85, per_flow
@@ -99,4 +100,4 @@ def test_flowlet_leaves_an_unusable_path_and_stays_on_the_new_one(dp):
     after = {send(dp, inner(40000, seq=i)) for i in range(30)}
     assert len(after) == 1 and p not in after
     (f,) = flowlets(dp).values()
-    assert wire.build_slot_table([1] * len(PATHS), 64)[f.slot] in after
+    assert build_slot_table([1] * len(PATHS), 64)[f.slot] in after

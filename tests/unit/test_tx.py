@@ -12,7 +12,8 @@ import pytest
 import unit_pkt as pkt
 from unit_dp import (LOCAL_OVERLAY, OVL_DMAC, OVL_SMAC, PATHS, PEER, PEER_OVERLAY,
                       TC_ACT_REDIRECT, TC_ACT_SHOT, UDP_PORT, now_us)
-from mrcctl import wire
+from mrcctl.datapath import abi as wire
+from mrcctl.instance.slots import build_slot_table
 
 
 def inner_udp(payload_len: int = 100, dst: str = PEER_OVERLAY, tos: int = 0) -> bytes:
@@ -38,7 +39,7 @@ def mrc_of(out: bytes, family: int) -> wire.MrcHdr:
 
 
 def test_objects_share_maps(dp):
-    from mrcctl.libbpf import prog_info
+    from mrcctl.datapath.libbpf import prog_info
     used = lambda prog: set(prog_info(prog.fd, map_ids=True)["map_ids"])  # noqa: E731
     both = used(dp.tx) & used(dp.rx)
     for name in ("mrc_cfg", "mrc_drops", "mrc_live", "mrc_peers"):
@@ -174,7 +175,7 @@ def test_tx_stats(dp):
 
 def test_spray_follows_weights(dp):
     weights = [3, 1, 1, 1]
-    table = wire.build_slot_table(weights)
+    table = build_slot_table(weights)
     dp.set_slots(table)
     inner = inner_udp(64)
     n = 10_000
@@ -193,7 +194,7 @@ def test_spray_follows_weights(dp):
 
 
 def test_unusable_paths_are_skipped(dp):
-    dp.set_slots(wire.build_slot_table([1, 1, 1, 1], 8))
+    dp.set_slots(build_slot_table([1, 1, 1, 1], 8))
     dp.set_live(1, state=wire.PathState.ASSUMED_BAD)
     dp.set_paths([PATHS[0], PATHS[1], wire.replace(PATHS[2], admin=wire.PathState.DENIED),
                   PATHS[3]])

@@ -1,12 +1,12 @@
-"""Adaptive weights (mrcctl/weights.py): the control law as pure functions,
+"""Adaptive weights (mrcctl/agent/weights.py): the control law as pure functions,
 and the config keys of issue 4. No BPF here."""
 
 from __future__ import annotations
 
 import pytest
 
-from mrcctl import config as cfgmod
-from mrcctl import weights as W
+from mrcctl.instance import config as cfgmod
+from mrcctl.agent import weights as W
 
 MB = 1e6 / 8   # bytes/s in one Mbit/s
 

@@ -1,4 +1,4 @@
-"""bpf/mrc.h and mrcctl/wire.py agree: every constant, struct size, field
+"""bpf/mrc.h and mrcctl/datapath/abi.py agree: every constant, struct size, field
 offset and field size, checked by compiling a C program against mrc.h."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ import struct
 import pytest
 
 from unit_dp import BPF_DIR
-from mrcctl import libbpf, wire
+from mrcctl.datapath import abi as wire, libbpf
+from mrcctl.instance.slots import build_slot_table
 
 MRC_H = BPF_DIR / "mrc.h"
 
@@ -133,18 +134,18 @@ def test_rx_key_ipv4_layout():
 
 
 def test_build_slot_table():
-    t = wire.build_slot_table([3, 1, 1, 1], 12)
+    t = build_slot_table([3, 1, 1, 1], 12)
     assert [t.count(i) for i in range(4)] == [6, 2, 2, 2]
     assert all(t[i] != t[i + 1] or t[i] == 0 for i in range(len(t) - 1))
-    t = wire.build_slot_table([3, 1, 1, 1])
+    t = build_slot_table([3, 1, 1, 1])
     assert len(t) == wire.MRC_SLOTS
     for i, w in enumerate([3, 1, 1, 1]):
         assert abs(t.count(i) - wire.MRC_SLOTS * w / 6) <= 1
-    assert wire.build_slot_table([0, 5], 4) == [1, 1, 1, 1]
+    assert build_slot_table([0, 5], 4) == [1, 1, 1, 1]
     with pytest.raises(ValueError):
-        wire.build_slot_table([0, 0])
+        build_slot_table([0, 0])
     # interleaving: no path twice in a row when weights are equal
-    t = wire.build_slot_table([1] * 8, 64)
+    t = build_slot_table([1] * 8, 64)
     assert t[:8] == list(range(8))
 
 

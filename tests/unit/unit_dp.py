@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from mrcctl import wire  # noqa: E402
+from mrcctl.datapath import abi as wire  # noqa: E402
 
 BPF_DIR = REPO / "bpf"
 TX_OBJ = BPF_DIR / "tx.bpf.o"
@@ -66,7 +66,7 @@ class Datapath:
     fill and read maps. pin_root is a bpffs dir for tests that pin."""
 
     def __init__(self, pin_root: Path):
-        from mrcctl.loader import load_objects
+        from mrcctl.datapath.objects import load_objects
         self.pin_root = pin_root
         self.loaded = load_objects()
         self.tx, self.rx, self.maps = self.loaded.tx, self.loaded.rx, self.loaded.maps

@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 import struct
 
-from mrcctl import wire
+from mrcctl.datapath import abi as wire
 
 ETH_P_IP = 0x0800
 ETH_P_IPV6 = 0x86DD

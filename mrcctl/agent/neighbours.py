@@ -10,8 +10,9 @@ bpf_redirect_neigh so the kernel resolves it.
 
 from __future__ import annotations
 
-from . import agent as agentmod
-from . import topology, wire
+from ..datapath import abi as wire
+from ..instance import topology
+from . import loop as agentmod
 
 PERIOD_S = 1.0
 

@@ -14,7 +14,7 @@ import tomllib
 from dataclasses import dataclass, field
 import pathlib
 
-from . import wire
+from ..datapath import abi as wire
 
 SPRAY_MODES = ("weighted", "flowlet", "hash")
 IFNAME_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,15}$")

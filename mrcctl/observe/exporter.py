@@ -16,9 +16,9 @@ import re
 import signal
 import threading
 
-from . import agent as agentmod
-from . import config as cfgmod
-from .errors import InputError, MrcError
+from ..errors import InputError, MrcError
+from ..instance import config as cfgmod
+from .source import Source
 
 log = logging.getLogger("mrc.exporter")
 
@@ -50,7 +50,6 @@ class SnapshotCollector:
     """A prometheus-client custom collector over one instance's snapshot."""
 
     def __init__(self, cfg: cfgmod.Config, source=None):
-        from .top import Source
         self.cfg = cfg
         self.source = source or Source(cfg)
         # the HTTP server is threaded; map handles and the event tail are not
@@ -169,7 +168,7 @@ def _generic(fams: dict, prefix: str, where: str, label_names: list[str], labels
 
 
 def _is_drop(label: str) -> bool:
-    from . import wire
+    from ..datapath import abi as wire
     for r in wire.Reason:
         if r.label == label:
             return r.is_drop
@@ -207,16 +206,3 @@ def run(cfg: cfgmod.Config, listen: str | None) -> None:
         pass
     server.shutdown()
     server.server_close()
-
-
-@agentmod.subsystem
-def _agent_exporter(agent: agentmod.Agent) -> None:
-    listen = agent.cfg.metrics_listen
-    if not listen:
-        return
-    try:
-        agent.exporter = serve(agent.cfg, listen)
-        log.info("metrics on http://%s/metrics", listen)
-    except MrcError as e:
-        # probes and events matter more than metrics: keep the agent running
-        log.error("metrics exporter disabled: %s", e)

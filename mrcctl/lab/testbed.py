@@ -1,8 +1,7 @@
-#!/usr/bin/env python3
 """mrc test bed: N hosts in network namespaces joined by veth "planes".
 
-Standalone tool and importable module; needs only the standard library and
-the `ip`/`tc` commands of iproute2.  Run as root.
+Needs only the standard library and the `ip`/`tc` commands of iproute2;
+run as root. Its command line is scripts/testbed.py (mrcctl/cli/testbed.py):
 
     python3 scripts/testbed.py up --hosts 2 --planes 4 --rate 1gbit [--ipv6] [--json]
     python3 scripts/testbed.py status [--json]
@@ -13,7 +12,7 @@ the `ip`/`tc` commands of iproute2.  Run as root.
     python3 scripts/testbed.py exec 0 -- ping -c 1 10.200.0.2
     python3 scripts/testbed.py down
 
-    from scripts.testbed import Testbed
+    from mrcctl.lab.testbed import Testbed
     with Testbed(hosts=2, planes=4, rates="1gbit") as tb:
         tb.exec(0, ["ping", "-c", "1", tb.addr(1, 0, 2)])
 
@@ -60,7 +59,6 @@ other commands (and Testbed.attach) can find the layout again.
 
 from __future__ import annotations
 
-import argparse
 import ipaddress
 import json
 import os
@@ -68,7 +66,6 @@ import re
 import shlex
 import signal
 import subprocess
-import sys
 import time
 from typing import Iterable, Sequence
 
@@ -709,144 +706,3 @@ class Testbed:
                 for d in h["devices"]:
                     d["live"] = self.device_status(h["host"], d["peer"], d["plane"])
         return lay
-
-
-# --------------------------------------------------------------------------
-# CLI
-
-
-def _print_layout(lay: dict) -> None:
-    fam = "IPv4+IPv6" if lay["ipv6"] else "IPv4"
-    print(f"testbed {lay['prefix']}: {lay['hosts']} hosts x {lay['planes']} planes, {fam}, mtu {lay['mtu']}"
-          + ("" if lay.get("up", True) else "  [NOT UP]"))
-    for h in lay["host_info"]:
-        print(f"host {h['host']}  netns {h['ns']}  (overlay {h['overlay_addr']} by convention)")
-        for d in h["devices"]:
-            addrs = f"{d['addr4']}/24"
-            if "addr6" in d:
-                addrs += f" {d['addr6']}/64"
-            extra = ""
-            if "live" in d:
-                lv = d["live"]
-                extra = f"  {lv['state']:<7} {lv['qdisc']:<16}"
-                if lv["faults"]:
-                    extra += " FAULT: " + ", ".join(lv["faults"])
-            else:
-                extra = f"  rate {d['rate']}"
-            print(f"  {d['dev']:<7} -> h{d['peer']}:{d['peer_dev']:<7} {d['mac']}  {addrs:<36}{extra}")
-
-
-def _add_common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--prefix", default=DEFAULT_PREFIX, help="namespace prefix (default %(default)s)")
-    p.add_argument("--json", action="store_true", help="print JSON")
-
-
-def _add_target(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--host", type=int, required=True, help="host index (0-based)")
-    p.add_argument("--plane", type=int, required=True, help="plane index (0-based)")
-    p.add_argument("--peer", type=int, default=None, help="only the device toward this host")
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="testbed.py", description="mrc namespace test bed (see module doc)")
-    sub = ap.add_subparsers(dest="cmd", required=True)
-
-    p = sub.add_parser("up", help="build the test bed")
-    _add_common(p)
-    p.add_argument("--hosts", type=int, default=2)
-    p.add_argument("--planes", type=int, default=4)
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--rate", default=None, help="tbf rate for every plane, e.g. 1gbit")
-    g.add_argument("--rates", default=None, help="comma-separated per-plane rates ('none' = unshaped)")
-    p.add_argument("--ipv6", action="store_true", help="also add IPv6 underlay addresses")
-    p.add_argument("--mtu", type=int, default=1500)
-
-    p = sub.add_parser("down", help="remove the test bed")
-    _add_common(p)
-    p = sub.add_parser("status", help="show layout and live state")
-    _add_common(p)
-
-    p = sub.add_parser("blackhole", help="drop all egress of a host on a plane")
-    _add_common(p)
-    _add_target(p)
-    p.add_argument("--off", action="store_true", help="restore")
-    p.add_argument("--both", action="store_true", help="both directions")
-
-    p = sub.add_parser("loss", help="random egress loss of a host on a plane")
-    _add_common(p)
-    _add_target(p)
-    p.add_argument("--percent", type=float, required=True)
-    p.add_argument("--both", action="store_true", help="both directions")
-
-    p = sub.add_parser("carrier", help="set a host's plane device down/up")
-    _add_common(p)
-    _add_target(p)
-    p.add_argument("state", choices=["up", "down"])
-
-    p = sub.add_parser("rate", help="change a plane's rate (tbf), 'none' for pfifo")
-    _add_common(p)
-    _add_target(p)
-    p.add_argument("rate")
-    p.add_argument("--one-end", action="store_true", help="only the host's end")
-
-    p = sub.add_parser("clear", help="remove all faults")
-    _add_common(p)
-
-    p = sub.add_parser("exec", help="run a command inside host N: exec N -- CMD...")
-    p.add_argument("--prefix", default=DEFAULT_PREFIX)
-    p.add_argument("host", type=int)
-    p.add_argument("command", nargs=argparse.REMAINDER)
-
-    a = ap.parse_args(argv)
-    if os.geteuid() != 0:
-        print("testbed.py: must run as root", file=sys.stderr)
-        return 1
-    try:
-        if a.cmd == "up":
-            rates = a.rates.split(",") if a.rates else a.rate
-            tb = Testbed(a.hosts, a.planes, rates, a.ipv6, a.prefix, a.mtu).up()
-            lay = tb.layout()
-            if a.json:
-                print(json.dumps(lay, indent=2))
-            else:
-                _print_layout(lay)
-            return 0
-        if a.cmd == "down":
-            removed = cleanup(a.prefix)
-            if a.json:
-                print(json.dumps({"removed": removed}))
-            else:
-                print(f"removed {len(removed)} namespace(s)" + (": " + " ".join(removed) if removed else ""))
-            return 0
-        if a.cmd == "exec":
-            cmd = a.command[1:] if a.command[:1] == ["--"] else a.command
-            if not cmd:
-                print("exec: no command", file=sys.stderr)
-                return 2
-            tb = Testbed.attach(a.prefix)
-            return subprocess.call(tb.ns_cmd(a.host, cmd))
-        tb = Testbed.attach(a.prefix)
-        if a.cmd == "status":
-            st = tb.status()
-            if a.json:
-                print(json.dumps(st, indent=2))
-            else:
-                _print_layout(st)
-        elif a.cmd == "blackhole":
-            tb.blackhole(a.host, a.plane, not a.off, a.peer, a.both)
-        elif a.cmd == "loss":
-            tb.loss(a.host, a.plane, a.percent, a.peer, a.both)
-        elif a.cmd == "carrier":
-            tb.carrier(a.host, a.plane, a.state == "up", a.peer)
-        elif a.cmd == "rate":
-            tb.set_rate(a.host, a.plane, a.rate, a.peer, not a.one_end)
-        elif a.cmd == "clear":
-            tb.clear_faults()
-        return 0
-    except (TestbedError, subprocess.CalledProcessError) as e:
-        print(f"testbed.py: {e}", file=sys.stderr)
-        return 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -8,124 +8,36 @@ restores it at 2/3, shows the dashboard of the sending host while it runs
 final summary, and removes everything it made on the way out, Ctrl-C and
 SIGTERM included.
 
-`python -m mrcctl.demo send|recv` are the two ends of the stream: a
-time-bounded TCP stream with sha256 at both ends (scripts/xfer.py sends a
-fixed size from memory, which does not suit a fixed duration).
+The two ends of the stream are lab/stream.py, run as
+`python -m mrcctl.cli.stream send|recv` inside the hosts.
 """
 
 from __future__ import annotations
 
-import argparse
-import hashlib
 import json
 import os
-import random
 import select
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 
-from .errors import MrcError
+from rich.console import Console
 
-PORT = 5201
-POOL = 4 << 20
-CHUNK = 64 << 10
+from ..datapath.objects import object_paths
+from ..errors import MrcError
+from ..instance import config as cfgmod
+from ..instance.state import Instance
+from ..observe.render import bitrate, human_bytes, print_status
+from ..observe.source import Source
+from ..observe.top import Dashboard, fold, run_live
+from .stream import PORT
+from .testbed import Testbed
 
-
-# ------------------------------------------------------------------ stream ends
-
-def _pool(seed: int) -> bytes:
-    return random.Random(seed).randbytes(POOL + CHUNK)
-
-
-def stream_send(to: str, port: int, seconds: float, seed: int = 1, timeout: float = 30.0) -> dict:
-    pool = memoryview(_pool(seed))
-    deadline = time.monotonic() + 10
-    while True:
-        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        s.settimeout(timeout)
-        try:
-            s.connect((to, port))
-            break
-        except OSError:
-            s.close()
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
-    h = hashlib.sha256()
-    total = 0
-    i = 0
-    t0 = time.monotonic()
-    end = t0 + seconds
-    while time.monotonic() < end:
-        # successive chunks start at scattered offsets so no two are alike
-        off = (i * 40503 * 64) % POOL
-        chunk = pool[off:off + CHUNK]
-        s.sendall(chunk)
-        h.update(chunk)
-        total += CHUNK
-        i += 1
-    s.shutdown(socket.SHUT_WR)
-    s.recv(1)   # the receiver closes once it has everything
-    secs = time.monotonic() - t0
-    s.close()
-    return {"role": "send", "bytes": total, "sha256": h.hexdigest(), "seconds": round(secs, 3)}
-
-
-def stream_recv(bind: str, port: int, timeout: float) -> dict:
-    srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    srv.bind((bind, port))
-    srv.listen(1)
-    srv.settimeout(timeout)
-    print(json.dumps({"listening": f"{bind}:{port}"}), flush=True)
-    conn, _ = srv.accept()
-    conn.settimeout(timeout)
-    h = hashlib.sha256()
-    total = 0
-    buf = bytearray(1 << 18)
-    view = memoryview(buf)
-    t0 = time.monotonic()
-    while True:
-        n = conn.recv_into(buf)
-        if not n:
-            break
-        h.update(view[:n])
-        total += n
-    secs = time.monotonic() - t0
-    conn.close()
-    srv.close()
-    return {"role": "recv", "bytes": total, "sha256": h.hexdigest(), "seconds": round(secs, 3)}
-
-
-def _stream_main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m mrcctl.demo")
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    s = sub.add_parser("send")
-    s.add_argument("--to", required=True)
-    s.add_argument("--port", type=int, default=PORT)
-    s.add_argument("--seconds", type=float, default=9)
-    s.add_argument("--seed", type=int, default=1)
-    s.add_argument("--timeout", type=float, default=30)
-    r = sub.add_parser("recv")
-    r.add_argument("--bind", default="0.0.0.0")
-    r.add_argument("--port", type=int, default=PORT)
-    r.add_argument("--timeout", type=float, default=60)
-    a = ap.parse_args(argv)
-    try:
-        if a.cmd == "send":
-            out = stream_send(a.to, a.port, a.seconds, a.seed, a.timeout)
-        else:
-            out = stream_recv(a.bind, a.port, a.timeout)
-    except (OSError, socket.timeout) as e:
-        print(json.dumps({"role": a.cmd, "error": f"{type(e).__name__}: {e}"}), flush=True)
-        return 1
-    print(json.dumps(out), flush=True)
-    return 0
+# run inside the hosts by module name, as a program of its own
+STREAM = "mrcctl.cli.stream"
 
 
 # ------------------------------------------------------------------ the demo
@@ -150,7 +62,6 @@ def _json_line(text: str) -> dict:
 
 class Demo:
     def __init__(self, duration: float, planes: int, fault: bool, rate: str | None, out=None):
-        from .testbed import Testbed
         self.duration = duration
         self.fault = fault
         self.out = out or sys.stdout
@@ -191,7 +102,7 @@ class Demo:
 
     def start_stream(self) -> None:
         self.phase = "stream"
-        py = [sys.executable, "-m", "mrcctl.demo"]
+        py = [sys.executable, "-m", STREAM]
         recv = self.tb.popen(1, py + ["recv", "--bind", self.tb.overlay_addr(1), "--port", str(PORT),
                                       "--timeout", str(self.duration + 60)],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/")
@@ -232,7 +143,6 @@ class Demo:
         return self.send.poll() is not None
 
     def teardown(self) -> None:
-        from .state import Instance
         for p in self.procs:
             if p.poll() is None:
                 p.terminate()
@@ -256,8 +166,6 @@ def _summary_line(demo: Demo, dash, note: str) -> str:
     t = time.monotonic() - demo.t0
     tx = sum(p.tx_Bps or 0 for p in dash.paths)
     good = sum(p.state == "GOOD" for p in dash.paths)
-    from .render import bitrate
-    from .top import fold
     short = {"GOOD": "ok", "ASSUMED_BAD": "BAD", "DENIED": "DENIED"}
     planes = " ".join(f"{v.plane} {bitrate(v.tx_Bps)} {short.get(v.state, v.state.replace('MIXED ', 'ok '))}"
                       for v, _ in fold(dash.paths))
@@ -270,10 +178,6 @@ def run(duration: float = 9.0, planes: int = 4, fault: bool = True, rate: str | 
     for tool in ("ip", "tc"):
         if shutil.which(tool) is None:
             raise MrcError(f"mrcctl demo needs `{tool}` (iproute2)")
-    from . import config as cfgmod
-    from .loader import object_paths
-    from .top import Dashboard, Source, run_live
-    from rich.console import Console
     object_paths()   # a missing build fails here, before anything is created
 
     console = Console()
@@ -344,7 +248,6 @@ def _live(run_live, dash, console, on_tick, hard_end) -> str:
 
 
 def _report(console, demo: Demo, snap: dict | None, events: int) -> int:
-    from .render import human_bytes, print_status
     try:
         out_s, _ = demo.send.communicate(timeout=60)
         out_r, _ = demo.recv.communicate(timeout=60)
@@ -364,7 +267,3 @@ def _report(console, demo: Demo, snap: dict | None, events: int) -> int:
                                                          " (no events log: the failover agent is not running)"))
     console.print("everything the demo created is being removed")
     return 0 if ok else 1
-
-
-if __name__ == "__main__":
-    sys.exit(_stream_main())

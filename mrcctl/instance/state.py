@@ -5,7 +5,7 @@ JSON file under /run/mrc/instances/ns<netns inode>-<device>/: plain files on
 the host's /run are visible to every `ip netns exec` invocation, whereas a
 bpffs mounted by one such invocation lives only in that invocation's private
 mount namespace. The record names the BPF programs and maps by their global
-ids (see loader.Datapath), what `up` changed (sysctls, routes, planes) and
+ids (see datapath.maps.Datapath), what `up` changed (sysctls, routes, planes) and
 the agent's pid.
 """
 

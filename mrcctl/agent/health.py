@@ -30,19 +30,15 @@ import socket
 import struct
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
-from . import agent as agentmod
-from . import config as cfgmod
-from . import wire
-from .libbpf import RingBuffer
-from .loader import rebuild_slots
-from .state import Instance
+from ..datapath import abi as wire
+from ..datapath.libbpf import RingBuffer
+from ..instance.events import EventLog, event_record, events_path
+from ..instance.slots import rebuild_slots
+from . import loop as agentmod
 
 log = logging.getLogger("mrc.health")
 
-EVENTS_FILE = "events.jsonl"
-EVENTS_MAX_BYTES = 4 * 1024 * 1024
 HEALTH_FILE = "health.json"
 ETH_P_ALL = 0x0003
 IFF_UP = 0x1
@@ -58,76 +54,6 @@ PROBE_LOSS = 3
 # queue behind data and answer late, while the data feedback is fresh.
 PROBE_STALE_NS = 100_000_000
 
-
-# ------------------------------------------------------------------ event log
-
-def events_path(inst: Instance) -> Path:
-    return inst.run_dir / EVENTS_FILE
-
-
-class EventLog:
-    """Append-only JSON lines, one event per line, rotated by size."""
-
-    def __init__(self, path: Path, max_bytes: int = EVENTS_MAX_BYTES):
-        self.path = path
-        self.max_bytes = max_bytes
-        path.parent.mkdir(parents=True, exist_ok=True)
-
-    def append(self, rec: dict) -> None:
-        line = json.dumps(rec, sort_keys=True) + "\n"
-        try:
-            if self.path.stat().st_size + len(line) > self.max_bytes:
-                os.replace(self.path, self.path.with_suffix(".jsonl.1"))
-        except FileNotFoundError:
-            pass
-        # O_APPEND: the CLI (deny/allow) and the agent may both write
-        with open(self.path, "a") as f:
-            f.write(line)
-
-
-def event_record(cfg: cfgmod.Config, peer_idx: int, path_id: int, old: int, new: int,
-                 reason: str, source: str, ts: float | None = None, age_us: int | None = None) -> dict:
-    peer = cfg.peers[peer_idx] if peer_idx < len(cfg.peers) else None
-    path = peer.paths[path_id] if peer is not None and path_id < len(peer.paths) else None
-    rec = {
-        "time": ts if ts is not None else time.time(),
-        "peer": peer.name if peer else str(peer_idx),
-        "path": path_id,
-        "plane": path.plane.device if path else None,
-        "ev": path.ev if path else None,
-        "old": _state_name(old),
-        "new": _state_name(new),
-        "reason": reason,
-        "source": source,
-    }
-    if age_us is not None:
-        rec["age_us"] = age_us
-    return rec
-
-
-def _state_name(s: int) -> str:
-    try:
-        return wire.PathState(s).name
-    except ValueError:
-        return str(s)
-
-
-def read_events(inst: Instance) -> list[dict]:
-    out = []
-    for p in (events_path(inst).with_suffix(".jsonl.1"), events_path(inst)):
-        try:
-            with open(p) as f:
-                for line in f:
-                    try:
-                        out.append(json.loads(line))
-                    except ValueError:
-                        continue   # a line cut by a crash
-        except FileNotFoundError:
-            continue
-    return out
-
-
-# ------------------------------------------------------------------ slot tables
 
 # ------------------------------------------------------------------ probes
 
@@ -435,72 +361,3 @@ class Health:
 @agentmod.subsystem
 def setup(agent: agentmod.Agent) -> None:
     Health(agent)
-
-
-# ------------------------------------------------------------------ operator actions
-
-def parse_path_spec(cfg: cfgmod.Config, spec: str) -> tuple[cfgmod.Peer, list[cfgmod.Path]]:
-    """PEER/ID (path id < 256), PEER/EV (an EV, >= 1024), PEER/PLANE (every
-    path on that plane device), PEER/PLANE/EV, or PEER/all."""
-    parts = spec.split("/")
-    if len(parts) not in (2, 3) or not parts[0]:
-        raise cfgmod.ConfigError(f"{spec!r}: expected PEER/ID, PEER/EV, PEER/PLANE, PEER/PLANE/EV or PEER/all")
-    try:
-        peer = cfg.peer(parts[0])
-    except KeyError:
-        names = ", ".join(p.name for p in cfg.peers)
-        raise cfgmod.ConfigError(f"{spec!r}: no peer {parts[0]!r} (peers: {names})") from None
-    sel = parts[1]
-    if len(parts) == 3:
-        if not parts[2].isdigit():
-            raise cfgmod.ConfigError(f"{spec!r}: EV {parts[2]!r} is not a number")
-        ev = int(parts[2])
-        paths = [p for p in peer.paths if p.plane.device == sel and p.ev == ev]
-    elif sel == "all":
-        paths = list(peer.paths)
-    elif sel.isdigit():
-        n = int(sel)
-        paths = [p for p in peer.paths if (p.id == n if n < wire.MRC_MAX_PATHS else p.ev == n)]
-    else:
-        paths = [p for p in peer.paths if p.plane.device == sel]
-    if not paths:
-        raise cfgmod.ConfigError(f"{spec!r}: matches no path of peer {peer.name} "
-                                 f"(ids 0..{len(peer.paths) - 1}, EVs {peer.paths[0].ev}.."
-                                 f"{peer.paths[-1].ev}, planes {', '.join(peer.underlay)})")
-    return peer, paths
-
-
-def set_admin(cfg: cfgmod.Config, spec: str, deny: bool) -> list[dict]:
-    """Deny or allow paths by hand; returns the events logged (one per
-    path whose admin state changed)."""
-    from .loader import Datapath
-    peer, paths = parse_path_spec(cfg, spec)
-    inst = Instance(cfg.overlay_device)
-    out = []
-    with Datapath(inst) as dp:
-        paths_m, live_m = dp.map("mrc_paths"), dp.map("mrc_live")
-        elog = EventLog(events_path(inst))
-        for path in paths:
-            key = wire.path_key(peer.index, path.id)
-            ent = wire.Path.unpack(paths_m.lookup(key))
-            lv = wire.PathLive.unpack(live_m.lookup(key))
-            is_denied = ent.admin == wire.PathState.DENIED
-            if is_denied == deny:
-                continue
-            ent.admin = wire.PathState.DENIED if deny else wire.PathState.GOOD
-            paths_m.update(key, ent.pack())
-            old, new = (lv.state, wire.PathState.DENIED) if deny else (wire.PathState.DENIED, lv.state)
-            rec = event_record(cfg, peer.index, path.id, old, new, "denied" if deny else "allowed", "operator")
-            elog.append(rec)
-            out.append(rec)
-        rebuild_slots(dp, cfg)
-    return out
-
-
-def format_event(e: dict) -> str:
-    t = time.strftime("%H:%M:%S", time.localtime(e["time"])) + f".{int(e['time'] * 1000) % 1000:03d}"
-    where = f"{e['peer']}/{e['path']}"
-    if e.get("plane"):
-        where += f" ({e['plane']} ev {e['ev']})"
-    extra = f"  evidence age {e['age_us'] / 1000:.1f} ms" if e.get("reason") == "dead" and "age_us" in e else ""
-    return f"{t}  {where:<24} {e['old']:>11} -> {e['new']:<11} {e['reason']} [{e['source']}]{extra}"

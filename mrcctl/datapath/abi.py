@@ -716,41 +716,6 @@ ALL_STRUCTS: tuple[type[_Struct], ...] = (
 ALL_STRUCTS += (Event, HealthStats, Dedup, TxFlows)
 
 
-# ---------------------------------------------------------------------------
-# helpers for the control plane
-
-def build_slot_table(weights: Sequence[int], n: int = MRC_SLOTS) -> list[int]:
-    """Spray slot table of n entries for paths 0..len(weights)-1, each path
-    getting a share of slots proportional to its weight (weight 0: none).
-
-    Smooth weighted round robin (as nginx upstreams): consecutive slots
-    interleave paths (3:1:1:1 gives 0,1,0,2,3,0, ...) instead of runs, so a
-    burst of packets spreads over all paths. Over any window of sum(weights) slots each path
-    gets exactly its weight; over n slots, within one slot of n*w/sum(w)."""
-    if not 1 <= n <= MRC_SLOTS:
-        raise ValueError(f"slot table size {n} not in 1..{MRC_SLOTS}")
-    if len(weights) > MRC_MAX_PATHS:
-        raise ValueError(f"{len(weights)} paths > MRC_MAX_PATHS")
-    if any(w < 0 for w in weights):
-        raise ValueError("negative weight")
-    total = sum(weights)
-    if total == 0:
-        raise ValueError("no path with a positive weight")
-    current = [0] * len(weights)
-    table = []
-    for _ in range(n):
-        best = -1
-        for i, w in enumerate(weights):
-            if w <= 0:
-                continue
-            current[i] += w
-            if best < 0 or current[i] > current[best]:
-                best = i
-        current[best] -= total
-        table.append(best)
-    return table
-
-
 def replace(obj, **changes):
     """dataclasses.replace, re-exported for callers building map values."""
     return dataclasses.replace(obj, **changes)

@@ -221,7 +221,7 @@ class Netlink:
         Asked through libbpf's bpf_tc_query: pyroute2 does not decode
         TCA_BPF_ID.
         """
-        from .libbpf import LibbpfError, tc_query
+        from ..datapath.libbpf import LibbpfError, tc_query
         idx = self.index(device)
         if idx is None:
             return 0

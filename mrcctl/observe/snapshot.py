@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import time
 
-from . import config as cfgmod
-from . import wire
-from .loader import Datapath
-from .state import Instance
+from ..datapath import abi as wire
+from ..datapath.maps import Datapath
+from ..instance import config as cfgmod
+from ..instance.state import Instance
 
 SCHEMA_VERSION = 1
 

@@ -14,18 +14,17 @@ that want to sleep on a file descriptor (ring buffer, netlink) register with
 
 from __future__ import annotations
 
+import importlib
 import logging
-import os
 import selectors
 import signal
-import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from . import config as cfgmod
-from .state import Instance
+from ..datapath.maps import Datapath
+from ..instance import config as cfgmod
+from ..instance.state import Instance
 
 log = logging.getLogger("mrc.agent")
 
@@ -44,7 +43,6 @@ class Task:
 class Agent:
     def __init__(self, cfg: cfgmod.Config):
         self.cfg = cfg
-        from .loader import Datapath   # loader imports this module
         self.inst = Instance(cfg.overlay_device)
         self.dp = Datapath(self.inst)
         self.tasks: list[Task] = []
@@ -96,8 +94,9 @@ class Agent:
         self.dp.close()
 
 
-# Modules that register agent subsystems with @subsystem when imported.
-SUBSYSTEM_MODULES: list[str] = ["neighbours", "exporter", "health", "weights"]
+# Modules of this package that register agent subsystems with @subsystem
+# when imported; their set-up runs in this order.
+SUBSYSTEM_MODULES: list[str] = ["neighbours", "metrics", "health", "weights"]
 
 # Subsystem set-up functions: each takes the Agent and registers tasks/readers.
 _SUBSYSTEMS: list[Callable[[Agent], None]] = []
@@ -105,7 +104,6 @@ _SUBSYSTEMS: list[Callable[[Agent], None]] = []
 
 def build(cfg: cfgmod.Config) -> Agent:
     """An agent with every subsystem registered."""
-    import importlib
     for name in SUBSYSTEM_MODULES:
         importlib.import_module(f"{__package__}.{name}")
     agent = Agent(cfg)
@@ -117,34 +115,3 @@ def build(cfg: cfgmod.Config) -> Agent:
 def subsystem(fn: Callable[[Agent], None]) -> Callable[[Agent], None]:
     _SUBSYSTEMS.append(fn)
     return fn
-
-
-def spawn(cfg: cfgmod.Config) -> int:
-    """Start `mrcctl agent` for this config in the background; returns its pid.
-
-    It inherits this process's network namespace, which is the instance's.
-    """
-    logdir = Instance(cfg.overlay_device).run_dir
-    logdir.mkdir(parents=True, exist_ok=True)
-    logf = open(logdir / "agent.log", "ab")
-    proc = subprocess.Popen([sys.executable, "-m", "mrcctl", "agent", "-c", cfg.source],
-                            stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
-                            start_new_session=True, close_fds=True, cwd="/")
-    logf.close()
-    return proc.pid
-
-
-def alive(pid: int | None) -> bool:
-    if not pid:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return b"agent" in f.read()
-    except OSError:
-        return False

@@ -39,7 +39,7 @@ here), and echo delay also grows with a busy receiver CPU, which says
 nothing about the plane. Delay (or backlog) says *whether* a plane is
 saturated; the delivered rate says by how much.
 
-Updates go through loader.set_slots: the idle slot table is written, then
+Updates go through instance.slots.set_slots: the idle slot table is written, then
 the peer flips to it, so the datapath never sees a half-written table.
 
 Adaptive flowlet gap (``peer.flowlet_gap_us`` absent or 0): the gap must
@@ -56,12 +56,12 @@ import logging
 import math
 import os
 import sys
-import time
 from dataclasses import dataclass, field
 
-from . import agent as agentmod
-from . import config as cfgmod
-from . import wire
+from ..datapath import abi as wire
+from ..instance import config as cfgmod
+from ..instance.slots import rebuild_slots, set_path_weights
+from . import loop as agentmod
 
 log = logging.getLogger("mrc.weights")
 
@@ -294,7 +294,6 @@ class Controller:
         return delays, self._usable(peer, now), tx
 
     def step(self, now: float) -> None:
-        from .loader import rebuild_slots, set_path_weights
         for peer in self.cfg.peers:
             st = self._state(peer, now)
             delays, usable, tx = self.read(peer, now)
@@ -420,91 +419,3 @@ def _setup(agent: agentmod.Agent) -> None:
         agent.add_task("weights", agent.cfg.weights.interval_ms / 1000.0, ctl.step)
     if any(not p.flowlet_gap_us for p in agent.cfg.peers):
         agent.add_task("flowlet-gap", GAP_PERIOD_S, ctl.gap_step)
-
-
-# ---------------------------------------------------------------- helpers for the CLI and tests
-
-def slot_weights(dp, peer: cfgmod.Peer) -> list[int]:
-    """Slots per path in the peer's live slot table (what the datapath uses)."""
-    raw = dp.map("mrc_peers").lookup(wire.u32(peer.index))
-    table = wire.Peer.unpack(raw).table if raw else 0
-    slots = wire.Slots.unpack(dp.map("mrc_slots").lookup(wire.u32(wire.slots_idx(peer.index, table))))
-    counts = [0] * len(peer.paths)
-    for s in slots.slot[:slots.n]:
-        if s < len(counts):
-            counts[s] += 1
-    return counts
-
-
-def set_spray(dp, peer: cfgmod.Peer, mode: str, gap_us: int | None = None) -> wire.Peer:
-    """Switch a running peer's spray mode (and optionally the flowlet gap).
-
-    The agent rewrites the same map value when it flips slot tables, so the
-    write is verified and repeated if a flip raced it."""
-    key = wire.u32(peer.index)
-    for _ in range(5):
-        raw = dp.map("mrc_peers").lookup(key)
-        if not raw or not wire.Peer.unpack(raw).n_paths:
-            from .errors import MrcError
-            raise MrcError(f"peer {peer.name}: not in the running datapath; run `mrcctl up`")
-        ent = wire.Peer.unpack(raw)
-        ent.spray_mode = wire.SprayMode[mode.upper()]
-        if gap_us is not None:
-            ent.flowlet_gap_us = gap_us
-        dp.map("mrc_peers").update(key, ent.pack())
-        time.sleep(0.03)
-        now = wire.Peer.unpack(dp.map("mrc_peers").lookup(key))
-        if now.spray_mode == ent.spray_mode and (gap_us is None or now.flowlet_gap_us == gap_us):
-            return now
-    return now
-
-
-def sample(cfg: cfgmod.Config, seconds: float, interval_ms: float, out: str) -> None:
-    """Record each peer's per-plane slot shares every interval_ms for
-    `seconds` (monotonic timestamps), for tests and benchmarks that time
-    how fast the weights move."""
-    from .loader import Datapath
-    from .state import Instance
-    rows = []
-    with Datapath(Instance(cfg.overlay_device)) as dp:
-        stats_m = dp.map("mrc_path_stats")
-        end = time.monotonic() + seconds
-        while time.monotonic() < end:
-            t = time.monotonic()
-            for peer in cfg.peers:
-                counts = slot_weights(dp, peer)
-                total = sum(counts) or 1
-                planes: dict[str, float] = {}
-                tx: dict[str, int] = {}
-                for p, c in zip(peer.paths, counts):
-                    planes[p.plane.device] = planes.get(p.plane.device, 0.0) + c / total
-                    key = wire.path_key(peer.index, p.id)
-                    tx[p.plane.device] = tx.get(p.plane.device, 0) + sum(
-                        int.from_bytes(v[8:16], sys.byteorder) for v in stats_m.lookup_percpu(key))
-                rows.append({"t": t, "peer": peer.name, "shares": planes, "tx_bytes": tx})
-            time.sleep(max(0.0, interval_ms / 1000.0 - (time.monotonic() - t)))
-    with open(out, "w") as f:
-        json.dump(rows, f)
-
-
-def main(argv=None) -> int:
-    """python3 -m mrcctl.weights sample -c FILE --seconds S --interval-ms MS --out F"""
-    import argparse
-    ap = argparse.ArgumentParser(prog="mrcctl.weights")
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    s = sub.add_parser("sample")
-    s.add_argument("-c", "--config", required=True)
-    s.add_argument("--seconds", type=float, default=5)
-    s.add_argument("--interval-ms", type=float, default=2)
-    s.add_argument("--out", required=True)
-    s.add_argument("--ready-file")
-    a = ap.parse_args(argv)
-    cfg = cfgmod.load(a.config)
-    if a.ready_file:
-        open(a.ready_file, "w").close()
-    sample(cfg, a.seconds, a.interval_ms, a.out)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,247 @@
+"""Bringing an instance up and down: load, fill maps, attach, undo.
+
+`up` is a reconcile: it creates what is missing and leaves alone what is
+already right, so running it twice with the same file changes nothing. On a
+fresh instance any failure rolls back everything done so far and the error
+names the step. `down` works from the state file and the config and
+tolerates anything being half there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from contextlib import suppress
+from pathlib import Path
+
+from ..datapath.libbpf import Program
+from ..datapath.maps import Datapath
+from ..datapath.objects import (RX_PROG, TX_PROG, load_objects, objects_digest, prog_name, programs_alive,
+                                running_maps)
+from ..errors import MrcError, StepError
+from . import config as cfgmod
+from . import supervisor, topology
+from .fill import fill_maps
+from .lock import InstanceLock
+from .preflight import preflight
+from .state import Instance
+
+
+def up(cfg: cfgmod.Config, agent: bool = True) -> str:
+    with InstanceLock(Instance(cfg.overlay_device)):
+        return _up(cfg, agent)
+
+
+def _up(cfg: cfgmod.Config, agent: bool = True) -> str:
+    inst = Instance(cfg.overlay_device)
+    with topology.Netlink() as nl:
+        prior = inst.read()
+        planes, mtu = preflight(cfg, nl)
+        digest = objects_digest()
+        if prior and prior.get("config_digest") == cfg.digest and prior.get("objects_digest") == digest \
+                and _attached(inst, cfg, nl, prior) and (not agent or supervisor.alive(prior.get("agent_pid"))):
+            return f"{cfg.overlay_device}: already up, nothing changed"
+        fresh = not prior
+        # Hold the running programs for the whole operation: if a step fails
+        # after new programs replaced them somewhere, rollback re-attaches
+        # these, which must still exist.
+        held = []
+        for pid in prior.get("prog_ids", {}).values():
+            with suppress(OSError):
+                held.append(Program.from_id(pid))
+        try:
+            msg = _apply(cfg, inst, nl, planes, mtu, digest, prior)
+            if agent:
+                supervisor.ensure(cfg, inst, restart=bool(prior) and prior.get("config_digest") != cfg.digest)
+            _keep_config(inst, cfg)
+            return msg
+        except BaseException as e:
+            if fresh:
+                with suppress(Exception):
+                    down(cfg)
+                raise
+            undone = _rollback(inst, nl, prior)
+            if isinstance(e, MrcError):
+                raise MrcError(f"{e}; {undone}", e.exit_code) from None
+            raise
+        finally:
+            for h in held:
+                h.close()
+
+
+def _keep_config(inst: Instance, cfg: cfgmod.Config) -> None:
+    """Keep the text of the configuration now running, so a failed upgrade
+    can go back to it even when the operator edited the file in place."""
+    with suppress(OSError):
+        raw = Path(cfg.source).read_bytes()
+        if hashlib.sha256(raw).hexdigest() == cfg.digest:
+            tmp = inst.run_dir / "config.toml.tmp"
+            tmp.write_bytes(raw)
+            os.replace(tmp, inst.run_dir / "config.toml")
+
+
+def _rollback(inst: Instance, nl: topology.Netlink, prior: dict) -> str:
+    """Put a running instance back the way `prior` describes after a failed
+    re-up: its configuration (from the kept copy), its programs (by id), its
+    planes, routes and sysctls. Returns what was done, for the error line."""
+    try:
+        raw = (inst.run_dir / "config.toml").read_bytes()
+        old = cfgmod.parse(raw, source=prior.get("config", "<previous>"))
+        planes, mtu = preflight(old, nl)
+        state = inst.read()
+        state.update(prog_ids=prior.get("prog_ids", {}), map_ids=prior.get("map_ids", {}),
+                     objects_digest=prior.get("objects_digest"))
+        _apply(old, inst, nl, planes, mtu, prior.get("objects_digest"), state)
+        return "rolled back to the running configuration"
+    except Exception as e:  # noqa: BLE001 - report, the original error matters more
+        inst.write({**inst.read(), "rollback_failed": str(e)})
+        return f"rollback failed too ({e}); run `mrcctl down` then `mrcctl up`"
+
+
+def _attached(inst: Instance, cfg: cfgmod.Config, nl: topology.Netlink, prior: dict) -> bool:
+    ids = prior.get("prog_ids", {})
+    if not programs_alive(prior):
+        return False
+    if ids.get(TX_PROG) != nl.tc_egress_prog_id(cfg.overlay_device):
+        return False
+    return all(nl.xdp_prog_id(p.device) == ids.get(RX_PROG) for p in cfg.planes)
+
+
+def _step(name: str, fn, *args, **kw):
+    try:
+        return fn(*args, **kw)
+    except MrcError:
+        raise
+    except topology.TopologyError as e:
+        raise StepError(name, str(e)) from None
+    except OSError as e:
+        raise StepError(name, e.strerror or str(e)) from None
+    except Exception as e:  # netlink errors carry their own types
+        raise StepError(name, str(e) or type(e).__name__) from None
+
+
+def _apply(cfg, inst, nl, planes, mtu, digest, prior) -> str:
+    state = dict(prior)
+    state.update(overlay=cfg.overlay_device, config=cfg.source, config_digest=cfg.digest,
+                 netns=inst.netns, planes=sorted(set(state.get("planes", [])) | {p.device for p in cfg.planes}))
+    state.setdefault("rp_filter", {})
+    inst.write(state)     # from here on `down` can find and undo everything
+
+    loaded = None
+    if prior.get("objects_digest") != digest or not programs_alive(prior):
+        loaded = _step("loading BPF programs", load_objects, running_maps(prior))
+        state.update(prog_ids=loaded.prog_ids, map_ids=loaded.map_ids, objects_digest=digest)
+        inst.write(state)
+
+    # A changed overlay.address replaces the old one rather than joining it;
+    # removed first, as deleting a primary address takes its secondaries.
+    if nl.index(cfg.overlay_device) is not None:
+        for a in nl.addresses(cfg.overlay_device):
+            if a.version == 4 and a != cfg.overlay_address:
+                _step(f"removing the old overlay address {a}", nl.ipr.addr, "del",
+                      index=nl.index(cfg.overlay_device), address=str(a.ip), prefixlen=a.network.prefixlen)
+    _step("creating the overlay device", nl.create_overlay, cfg.overlay_device, mtu, cfg.overlay_address)
+    overlay_ifindex = nl.index(cfg.overlay_device)
+    # The spraying unit: smaller units, less reordering between planes.
+    _step("setting gso_max_size", nl.ipr.link, "set", index=overlay_ifindex, gso_max_size=cfg.spray_unit())
+
+    for rt in planes:
+        key = f"net/ipv4/conf/{rt.plane.device}/rp_filter"
+        if rt.plane.device not in state["rp_filter"]:
+            state["rp_filter"][rt.plane.device] = topology.get_sysctl(key)
+        # Decapsulated packets arrive on the plane with an overlay source that
+        # routes via the overlay device: strict reverse-path filtering drops them.
+        _step(f"setting rp_filter on {rt.plane.device}", topology.set_sysctl, key, "2")
+    inst.write(state)
+
+    wanted = [(p.plane.device, str(p.remote)) for peer in cfg.peers for p in peer.paths]
+    macs = nl.resolve_neighbours(sorted(set(wanted)))
+
+    with Datapath(inst) as dp:
+        _step("filling the maps", fill_maps, dp, cfg, planes, overlay_ifindex, macs)
+        rx = _step("opening the receive program", dp.program, RX_PROG)
+        tx = _step("opening the transmit program", dp.program, TX_PROG)
+        try:
+            ours = {state["prog_ids"][RX_PROG], prior.get("prog_ids", {}).get(RX_PROG)}
+            for rt in planes:
+                dev = rt.plane.device
+                cur = nl.xdp_prog_id(dev)
+                if cur == state["prog_ids"][RX_PROG]:
+                    continue      # adopted: an attachment is never redone
+                if cur and cur not in ours and prog_name(cur) != RX_PROG:
+                    raise StepError(f"attaching XDP to {dev}", f"another XDP program "
+                                    f"({prog_name(cur) or '?'}, id {cur}) is attached; mrc does not replace it")
+                _step(f"attaching XDP to {dev}", nl.attach_xdp, dev, rx.fd)
+            if nl.tc_egress_prog_id(cfg.overlay_device) != state["prog_ids"][TX_PROG]:
+                _step(f"attaching tc egress to {cfg.overlay_device}", nl.attach_tc_egress,
+                      cfg.overlay_device, tx.fd, TX_PROG)
+        finally:
+            rx.close()
+            tx.close()
+
+    # Planes dropped from the config: detach our program, restore rp_filter.
+    for dev in set(state["planes"]) - {p.device for p in cfg.planes}:
+        _detach_plane(nl, dev, state)
+    state["planes"] = [p.device for p in cfg.planes]
+
+    routes = set(state.get("routes", []))
+    want_routes = {f"{peer.overlay}/32" for peer in cfg.peers}
+    for r in sorted(want_routes):
+        _step(f"adding route {r}", nl.route_replace, r, cfg.overlay_device)
+    for r in sorted(routes - want_routes):
+        nl.route_delete(r, cfg.overlay_device)
+    state["routes"] = sorted(want_routes)
+    state["mtu"] = mtu
+    state["up_at"] = time.time()
+    inst.write(state)
+    if loaded is not None:
+        loaded.close()    # the attachments hold the programs, the programs the maps
+    unresolved = [f"{d}->{a}" for (d, a), m in macs.items() if m is None]
+    note = f" ({len(unresolved)} neighbours unresolved, kernel resolves them)" if unresolved else ""
+    n_paths = sum(len(p.paths) for p in cfg.peers)
+    return (f"{cfg.overlay_device}: up, {cfg.overlay_address} mtu {mtu}, {len(cfg.planes)} planes, "
+            f"{len(cfg.peers)} peers, {n_paths} paths{note}")
+
+
+def _detach_plane(nl: topology.Netlink, dev: str, state: dict) -> None:
+    rx_id = state.get("prog_ids", {}).get(RX_PROG)
+    cur = nl.xdp_prog_id(dev)
+    if cur and (cur == rx_id or prog_name(cur) == RX_PROG):
+        nl.detach_xdp(dev)
+    old = state.get("rp_filter", {}).pop(dev, None)
+    if old is not None:
+        with suppress(OSError):
+            topology.set_sysctl(f"net/ipv4/conf/{dev}/rp_filter", old)
+
+
+def down(cfg: cfgmod.Config | None = None, overlay: str | None = None) -> str:
+    """Remove everything `up` created; works on half-configured or crashed instances."""
+    overlay = overlay or cfg.overlay_device
+    with InstanceLock(Instance(overlay)):
+        return _down(cfg, overlay)
+
+
+def _down(cfg: cfgmod.Config | None, overlay: str) -> str:
+    inst = Instance(overlay)
+    state = inst.read()
+    had_state = bool(state)
+    removed = []
+    supervisor.stop(state)
+    with topology.Netlink() as nl:
+        planes = set(state.get("planes", []))
+        if cfg is not None:
+            planes |= {p.device for p in cfg.planes}
+        state.setdefault("prog_ids", {})
+        for dev in sorted(planes):
+            if nl.index(dev) is not None:
+                _detach_plane(nl, dev, state)
+        # Deleting the overlay device takes its clsact hook and routes with it.
+        if nl.index(overlay) is not None and (state or inst.exists() or cfg is not None):
+            nl.delete_link(overlay)
+            removed.append(overlay)
+    inst.remove()
+    if not removed and not had_state:
+        return f"{overlay}: nothing to remove"
+    return f"{overlay}: down"
+
