@@ -53,6 +53,9 @@ PROBE_LOSS = 3
 # ... and only when the path's evidence is this old: under load, probes
 # queue behind data and answer late, while the data feedback is fresh.
 PROBE_STALE_NS = 100_000_000
+# The agent's own event reason: the datapath cannot see probe silence, so
+# enum mrc_ev_reason has no member for it.
+PROBE_LOSS_REASON = "probe_loss"
 
 
 # ------------------------------------------------------------------ probes
@@ -109,32 +112,25 @@ class Prober:
 
     def refresh(self, _now: float = 0.0) -> None:
         """(Re)build frames from mrc_paths: MACs may change (neighbours)."""
-        paths_m = self.agent.dp.map("mrc_paths")
         old = {(p.peer, p.path): p for p in self.paths}
         out = []
-        for peer in self.cfg.peers:
-            for path in peer.paths:
-                key = wire.path_key(peer.index, path.id)
-                raw = paths_m.lookup(key)
-                if raw is None:
-                    continue
-                ent = wire.Path.unpack(raw)
-                prev = old.get((peer.index, path.id))
-                if ent.dmac == "00:00:00:00:00:00":
-                    # Neighbour unresolved (the peer's link flapped): keep
-                    # probing the last MAC known. A path out of the spray
-                    # table carries no traffic that would resolve it, and
-                    # the probes are what bring it back.
-                    if prev is not None:
-                        out.append(prev)
-                    continue
-                pp = ProbePath(peer.index, path.id, key, path.plane.device,
-                               probe_frame(ent, path.id, self.cfg.udp_port))
+        for peer, path, key, ent in self.agent.path_entries():
+            prev = old.get((peer.index, path.id))
+            if ent.dmac == "00:00:00:00:00:00":
+                # Neighbour unresolved (the peer's link flapped): keep
+                # probing the last MAC known. A path out of the spray
+                # table carries no traffic that would resolve it, and
+                # the probes are what bring it back.
                 if prev is not None:
-                    pp.seq, pp.sent = prev.seq, prev.sent
-                out.append(pp)
-                if path.plane.device not in self.socks:
-                    self._open(path.plane.device)
+                    out.append(prev)
+                continue
+            pp = ProbePath(peer.index, path.id, key, path.plane.device,
+                           probe_frame(ent, path.id, self.cfg.udp_port))
+            if prev is not None:
+                pp.seq, pp.sent = prev.seq, prev.sent
+            out.append(pp)
+            if path.plane.device not in self.socks:
+                self._open(path.plane.device)
         self.paths = out
 
     def _open(self, dev: str) -> None:
@@ -208,19 +204,14 @@ class Health:
             self._retire_silent(silent)
 
     def _retire_silent(self, silent: list[ProbePath]) -> None:
-        paths_m, live_m = self.dp.map("mrc_paths"), self.dp.map("mrc_live")
+        live_m = self.dp.map("mrc_live")
         now = time.monotonic_ns()
         by_peer: dict[int, list[ProbePath]] = {}
         for pp in silent:
             by_peer.setdefault(pp.peer, []).append(pp)
         for peer_idx, pps in by_peer.items():
             peer = self.cfg.peers[peer_idx]
-            good = 0
-            for path in peer.paths:
-                key = wire.path_key(peer_idx, path.id)
-                if wire.Path.unpack(paths_m.lookup(key)).admin != wire.PathState.DENIED and \
-                        wire.PathLive.unpack(live_m.lookup(key)).state == wire.PathState.GOOD:
-                    good += 1
+            good = sum(self.dp.usable(peer_idx, path.id) for path in peer.paths)
             for pp in pps:
                 if good - 1 < max(peer.min_active, 1):
                     break   # never retire the last usable paths on probe silence alone
@@ -231,7 +222,7 @@ class Health:
                 live_m.update(pp.key, lv.pack())
                 good -= 1
                 self.log.append(event_record(self.cfg, peer_idx, pp.path, wire.PathState.GOOD,
-                                             wire.PathState.ASSUMED_BAD, "probe_loss", "agent"))
+                                             wire.PathState.ASSUMED_BAD, PROBE_LOSS_REASON, "agent"))
                 self.events += 1
                 self.dirty = True
         self._slots(0)
@@ -300,7 +291,7 @@ class Health:
         elif up and was_down:
             self.prober.down.discard(dev)
             if not initial:
-                self._log_plane(dev, "link_up")
+                self._log_plane(dev, wire.EvReason.LINK_UP.label)
 
     def _plane_paths(self, dev: str):
         for peer in self.cfg.peers:
@@ -320,14 +311,15 @@ class Health:
             if lv.state == wire.PathState.ASSUMED_BAD:
                 # the datapath got there first; still say why it stays so
                 self.log.append(event_record(self.cfg, peer.index, path.id, lv.state, lv.state,
-                                             "link_down", "agent"))
+                                             wire.EvReason.LINK_DOWN.label, "agent"))
                 self.events += 1
                 continue
             old = lv.state
             lv.state = wire.PathState.ASSUMED_BAD
             lv.bad_ns, lv.probe_ok = now, 0
             live_m.update(key, lv.pack())
-            self.log.append(event_record(self.cfg, peer.index, path.id, old, lv.state, "link_down", "agent"))
+            self.log.append(event_record(self.cfg, peer.index, path.id, old, lv.state,
+                                         wire.EvReason.LINK_DOWN.label, "agent"))
             self.events += 1
         self.dirty = True
         self._slots(0)

@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from ..datapath import abi
 from ..datapath.maps import Datapath
 from ..instance import config as cfgmod
 from ..instance.state import Instance
@@ -58,6 +59,17 @@ class Agent:
 
     def add_reader(self, fd: int, fn: Callable[[], None]) -> None:
         self.sel.register(fd, selectors.EVENT_READ, fn)
+
+    def path_entries(self):
+        """(peer, path, key, mrc_paths entry) of every configured path the
+        datapath holds, for the subsystems that copy or rewrite entries."""
+        paths_m = self.dp.map("mrc_paths")
+        for peer in self.cfg.peers:
+            for path in peer.paths:
+                key = abi.path_key(peer.index, path.id)
+                raw = paths_m.lookup(key)
+                if raw is not None:
+                    yield peer, path, key, abi.Path.unpack(raw)
 
     # ------------------------------------------------------------ the loop
     def stop(self, *_):

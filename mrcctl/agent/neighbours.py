@@ -24,17 +24,11 @@ def setup(agent: agentmod.Agent) -> None:
 
     def refresh(_now: float) -> None:
         table = nl.neighbour_table()
-        for peer in agent.cfg.peers:
-            for path in peer.paths:
-                key = wire.path_key(peer.index, path.id)
-                raw = paths_m.lookup(key)
-                if raw is None:
-                    continue
-                entry = wire.Path.unpack(raw)
-                mac = table.get((entry.ifindex, str(path.remote)))
-                new = wire.mac_str(mac) if mac else "00:00:00:00:00:00"
-                if new != entry.dmac:
-                    entry.dmac = new
-                    paths_m.update(key, entry.pack())
+        for _peer, path, key, entry in agent.path_entries():
+            mac = table.get((entry.ifindex, str(path.remote)))
+            new = wire.mac_str(mac) if mac else "00:00:00:00:00:00"
+            if new != entry.dmac:
+                entry.dmac = new
+                paths_m.update(key, entry.pack())
 
     agent.add_task("neighbours", PERIOD_S, refresh)

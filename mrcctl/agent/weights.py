@@ -273,14 +273,7 @@ class Controller:
         hit = self.usable.get(peer.index)
         if hit and now - hit[0] < USABLE_TTL_S:
             return hit[1]
-        live_m, paths_m = self.dp.map("mrc_live"), self.dp.map("mrc_paths")
-        out = []
-        for p in peer.paths:
-            key = wire.path_key(peer.index, p.id)
-            live = wire.PathLive.unpack(live_m.lookup(key))
-            path = wire.Path.unpack(paths_m.lookup(key))
-            out.append(path.admin != wire.PathState.DENIED and live.state == wire.PathState.GOOD
-                       and path.ifindex != 0)
+        out = [self.dp.usable(peer.index, p.id) for p in peer.paths]
         self.usable[peer.index] = (now, out)
         return out
 

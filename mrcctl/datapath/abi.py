@@ -1,5 +1,10 @@
 """Python mirror of bpf/mrc.h: constants, enums and struct pack/unpack.
 
+The one place Python declares the datapath's ABI. Path state names, spray
+modes, drop/verdict reasons and event reasons are the enums below; config
+validation, CLI choices, status JSON, rendering and metric labels derive
+from them, so a new member needs no edit elsewhere in mrcctl.
+
 tests/unit/test_wire.py compiles a C program against mrc.h and checks every
 constant, struct size and field offset here against it, so a change to one
 side without the other fails the unit tests.
@@ -115,8 +120,19 @@ class Reason(_LabelEnum):
 
     @property
     def is_drop(self) -> bool:
+        """False for the verdicts mrc.h marks "not a drop" (test_wire checks)."""
         return self not in (Reason.RX_PROBE_REPLIED, Reason.RX_PROBE_REPLY,
                             Reason.RX_PASS_VLAN, Reason.RX_PASS_FRAGMENT)
+
+
+def reason_is_drop(label: str) -> bool:
+    """Whether a verdict counter (a key of the snapshot's "drops") counts
+    dropped packets. A label this mirror does not know, from a snapshot of
+    another version, is judged by its name."""
+    for r in Reason:
+        if r.label == label:
+            return r.is_drop
+    return "probe" not in label
 
 
 MRC_R_MAX = 18
@@ -260,11 +276,13 @@ def sum_percpu_u64(values: Iterable[bytes]) -> int:
 class _Struct:
     """Base: LAYOUT is ((c_field_name, struct_format), ...) in C order with
     no implicit padding ("=" / "!" formats do not align, so the layout must
-    spell out any padding the C compiler would add; test_wire checks)."""
+    spell out any padding the C compiler would add; test_wire checks).
+    @_struct makes the dataclass fields from LAYOUT."""
 
     C_NAME: ClassVar[str]
     ORDER: ClassVar[str] = "="
     LAYOUT: ClassVar[tuple[tuple[str, str], ...]]
+    DEFAULTS: ClassVar[dict] = {}
 
     @classmethod
     def fmt(cls) -> str:
@@ -300,7 +318,29 @@ class _Struct:
         return cls._from_raw(struct.unpack(cls.fmt(), bytes(b[:n])))
 
 
-@dataclass
+def _zero(fmt: str):
+    count, code = fmt[:-1], fmt[-1]
+    if code == "s":
+        return bytes(int(count or 1))
+    return [0] * int(count) if count else 0
+
+
+def _struct(cls):
+    """A struct mirror as a dataclass whose fields are LAYOUT's, in C order,
+    zero unless DEFAULTS names another value: the layout is written once,
+    where test_wire checks it against mrc.h."""
+    defaults = cls.__dict__.get("DEFAULTS", {})
+    cls.__annotations__ = {}
+    for name, fmt in cls.LAYOUT:
+        value = defaults.get(name, _zero(fmt))
+        cls.__annotations__[name] = type(value).__name__
+        if isinstance(value, list):
+            value = field(default_factory=value.copy)
+        setattr(cls, name, value)
+    return dataclass(cls)
+
+
+@_struct
 class MrcHdr(_Struct):
     """struct mrc_hdr (on the wire, big-endian)."""
     C_NAME: ClassVar[str] = "mrc_hdr"
@@ -310,17 +350,7 @@ class MrcHdr(_Struct):
         ("tx_ts", "I"), ("segs", "H"), ("seg_size", "H"), ("seq0", "I"),
         ("fb_path", "H"), ("fb_rsvd", "H"), ("fb_ts", "I"),
     )
-    ver_type: int = MRC_VERSION << 4
-    flags: int = 0
-    path_id: int = 0
-    psn: int = 0
-    tx_ts: int = 0
-    segs: int = 1
-    seg_size: int = 0
-    seq0: int = 0
-    fb_path: int = 0
-    fb_rsvd: int = 0
-    fb_ts: int = 0
+    DEFAULTS = {"ver_type": MRC_VERSION << 4, "segs": 1}
 
     @property
     def version(self) -> int:
@@ -345,35 +375,27 @@ def decode_mrc_hdr(b: bytes) -> MrcHdr:
     return MrcHdr.unpack(b)
 
 
-@dataclass
+@_struct
 class Config(_Struct):
     """struct mrc_config (mrc_cfg[0])."""
     C_NAME: ClassVar[str] = "mrc_config"
     LAYOUT: ClassVar = (("udp_port", "I"), ("overlay_ifindex", "I"),
                         ("dead_after_us", "I"), ("flags", "I"),
                         ("hedge_after_us", "I"), ("recover_probes", "I"))
-    udp_port: int = MRC_DEFAULT_UDP_PORT
-    overlay_ifindex: int = 0
-    dead_after_us: int = 0
-    flags: int = 0
-    hedge_after_us: int = 0
-    recover_probes: int = 0
+    DEFAULTS = {"udp_port": MRC_DEFAULT_UDP_PORT}
 
 
-@dataclass
+@_struct
 class Peer(_Struct):
     """struct mrc_peer. overlay is a dotted IPv4 string."""
     C_NAME: ClassVar[str] = "mrc_peer"
     LAYOUT: ClassVar = (("n_paths", "I"), ("table", "I"), ("spray_mode", "I"),
                         ("min_active", "I"), ("overlay", "4s"), ("ev_base", "I"),
                         ("flowlet_gap_us", "I"))
-    n_paths: int = 0
-    table: int = 0
-    spray_mode: int = SprayMode.WEIGHTED
-    min_active: int = 1
-    overlay: str = "0.0.0.0"
-    ev_base: int = MRC_DEFAULT_EV_BASE
-    flowlet_gap_us: int = 0
+    DEFAULTS = {"spray_mode": SprayMode.WEIGHTED,
+                "min_active": 1,
+                "overlay": "0.0.0.0",
+                "ev_base": MRC_DEFAULT_EV_BASE}
 
     def _to_raw(self):
         v = super()._to_raw()
@@ -387,13 +409,12 @@ class Peer(_Struct):
         return super()._from_raw(vals)
 
 
-@dataclass
+@_struct
 class Slots(_Struct):
     """struct mrc_slots: n slots in use, slot[i] = path index."""
     C_NAME: ClassVar[str] = "mrc_slots"
     LAYOUT: ClassVar = (("n", "I"), ("slot", f"{MRC_SLOTS}s"))
-    n: int = 0
-    slot: list[int] = field(default_factory=list)
+    DEFAULTS = {"slot": []}
 
     @classmethod
     def of(cls, table: Sequence[int]) -> "Slots":
@@ -410,7 +431,7 @@ class Slots(_Struct):
         return cls(n=n, slot=list(vals[1][:min(n, MRC_SLOTS)]))
 
 
-@dataclass
+@_struct
 class Path(_Struct):
     """struct mrc_path. MACs as "aa:bb:.." strings, addresses as strings
     (IPv4 or IPv6 per family); bytes are accepted too."""
@@ -420,16 +441,13 @@ class Path(_Struct):
         ("smac", "6s"), ("dmac", "6s"), ("saddr", "16s"), ("daddr", "16s"),
         ("weight", "I"), ("admin", "I"),
     )
-    ifindex: int = 0
-    ev: int = 0
-    family: int = 4
-    plane: int = 0
-    smac: str = "00:00:00:00:00:00"
-    dmac: str = "00:00:00:00:00:00"
-    saddr: str = ""
-    daddr: str = ""
-    weight: int = 1
-    admin: int = PathState.GOOD
+    DEFAULTS = {"family": 4,
+                "smac": "00:00:00:00:00:00",
+                "dmac": "00:00:00:00:00:00",
+                "saddr": "",
+                "daddr": "",
+                "weight": 1,
+                "admin": PathState.GOOD}
 
     def _to_raw(self):
         v = super()._to_raw()
@@ -445,7 +463,7 @@ class Path(_Struct):
         return super()._from_raw(vals)
 
 
-@dataclass
+@_struct
 class PathLive(_Struct):
     """struct mrc_path_live (datapath-written liveness)."""
     C_NAME: ClassVar[str] = "mrc_path_live"
@@ -455,41 +473,27 @@ class PathLive(_Struct):
                         ("probe_seq", "I"), ("probe_ok", "I"), ("flaps", "I"),
                         ("fb_echoed", "I"), ("ev_rx_ns", "Q"), ("ev_gap_us", "I"), ("ev_rtt_us", "I"),
                         ("ev_ack_ns", "Q"), ("strike_ns", "Q"), ("last_rx_unit", "I"), ("rsvd", "I"))
-    last_ack_ns: int = 0
-    last_rx_ns: int = 0
-    last_rx_ts: int = 0
-    state: int = PathState.GOOD
-    srtt_us: int = 0
-    rtt_us: int = 0
-    unacked_ns: int = 0
-    bad_ns: int = 0
-    good_ns: int = 0
-    probe_seq: int = 0
-    probe_ok: int = 0
-    flaps: int = 0
-    fb_echoed: int = 0
-    ev_rx_ns: int = 0
-    ev_gap_us: int = 0
-    ev_rtt_us: int = 0
-    ev_ack_ns: int = 0
-    strike_ns: int = 0
-    last_rx_unit: int = 0
-    rsvd: int = 0
+    DEFAULTS = {"state": PathState.GOOD}
 
 
-@dataclass
+def effective_state(path: Path, live: PathLive) -> int:
+    """A path's state as the datapath sprays by it: the operator's DENIED
+    (mrc_path.admin) overrides the judgement in mrc_live."""
+    return PathState.DENIED if path.admin == PathState.DENIED else live.state
+
+
+def path_usable(path: Path, live: PathLive) -> bool:
+    """May the datapath spray on this path? The control plane's copy of
+    health_path_good() in bpf/health.h: every Python caller asks this."""
+    return path.ifindex != 0 and effective_state(path, live) == PathState.GOOD
+
+
+@_struct
 class PeerSeq(_Struct):
     """struct mrc_peer_seq."""
     C_NAME: ClassVar[str] = "mrc_peer_seq"
     LAYOUT: ClassVar = (("psn", "Q"), ("cursor", "Q"), ("fb_cursor", "Q"), ("rx_psn_max", "Q"),
                         ("ack_max_ns", "Q"), ("ack_max_path", "I"), ("rsvd", "I"))
-    psn: int = 0
-    cursor: int = 0
-    fb_cursor: int = 0
-    rx_psn_max: int = 0
-    ack_max_ns: int = 0
-    ack_max_path: int = 0
-    rsvd: int = 0
 
 
 class _Counters(_Struct):
@@ -536,84 +540,51 @@ class _Counters(_Struct):
         return tot
 
 
-@dataclass
+@_struct
 class PathStats(_Counters):
     """struct mrc_path_stats (per CPU; PathStats.sum() adds CPUs up)."""
     C_NAME: ClassVar[str] = "mrc_path_stats"
     LAYOUT: ClassVar = tuple((n, "Q") for n in (
         "tx_packets", "tx_bytes", "rx_packets", "rx_bytes", "rx_ooo", "rx_dup",
         "probes_tx", "probes_rx", "rx_late", "tx_steered")) + (("rx_ooo_hist", f"{MRC_PATH_HIST}Q"),)
-    tx_packets: int = 0
-    tx_bytes: int = 0
-    rx_packets: int = 0
-    rx_bytes: int = 0
-    rx_ooo: int = 0
-    rx_dup: int = 0
-    probes_tx: int = 0
-    probes_rx: int = 0
-    rx_late: int = 0
-    tx_steered: int = 0
-    rx_ooo_hist: list[int] = field(default_factory=lambda: [0] * MRC_PATH_HIST)
 
 
-@dataclass
+@_struct
 class RxWin(_Counters):
     """struct mrc_rx_win: the receiver's per-peer reorder window (shared)."""
     C_NAME: ClassVar[str] = "mrc_rx_win"
     LAYOUT: ClassVar = (("max", "Q"), ("started", "Q"), ("advancing", "Q"), ("bits", f"{MRC_WIN_WORDS}Q"))
-    max: int = 0
-    started: int = 0
-    advancing: int = 0
-    bits: list[int] = field(default_factory=lambda: [0] * MRC_WIN_WORDS)
 
 
-@dataclass
+@_struct
 class Reorder(_Counters):
     """struct mrc_reorder: per-peer reorder/loss counters (per CPU)."""
     C_NAME: ClassVar[str] = "mrc_reorder"
     LAYOUT: ClassVar = tuple((n, "Q") for n in (
         "rx_packets", "ooo", "dup", "lost", "late", "resync", "unmarked")) + (
         ("hist", f"{MRC_HIST_BUCKETS}Q"),)
-    rx_packets: int = 0
-    ooo: int = 0
-    dup: int = 0
-    lost: int = 0
-    late: int = 0
-    resync: int = 0
-    unmarked: int = 0
-    hist: list[int] = field(default_factory=lambda: [0] * MRC_HIST_BUCKETS)
 
 
-@dataclass
+@_struct
 class PathDelay(_Struct):
     """struct mrc_path_delay: RTT of our path from fresh feedback echoes."""
     C_NAME: ClassVar[str] = "mrc_path_delay"
     LAYOUT: ClassVar = (("samples", "Q"), ("last_fb_ts", "I"), ("rtt_us", "I"),
                         ("ewma_us", "I"), ("rsvd", "I"))
-    samples: int = 0
-    last_fb_ts: int = 0
-    rtt_us: int = 0
-    ewma_us: int = 0
-    rsvd: int = 0
 
 
-@dataclass
+@_struct
 class FlowletKey(_Struct):
     """struct mrc_flowlet_key."""
     C_NAME: ClassVar[str] = "mrc_flowlet_key"
     LAYOUT: ClassVar = (("peer", "I"), ("hash", "I"))
-    peer: int = 0
-    hash: int = 0
 
 
-@dataclass
+@_struct
 class Flowlet(_Struct):
     """struct mrc_flowlet."""
     C_NAME: ClassVar[str] = "mrc_flowlet"
     LAYOUT: ClassVar = (("last_ns", "Q"), ("slot", "I"), ("moves", "I"))
-    last_ns: int = 0
-    slot: int = 0
-    moves: int = 0
 
 
 def hist_label(b: int, n: int) -> str:
@@ -622,14 +593,12 @@ def hist_label(b: int, n: int) -> str:
     return f"{lo}+" if b == n - 1 else (str(lo) if lo == 1 else f"{lo}-{2 * lo - 1}")
 
 
-@dataclass
+@_struct
 class RxKey(_Struct):
     """struct mrc_rx_key: (plane ifindex, family, source address)."""
     C_NAME: ClassVar[str] = "mrc_rx_key"
     LAYOUT: ClassVar = (("ifindex", "I"), ("family", "I"), ("addr", "16s"))
-    ifindex: int = 0
-    family: int = 4
-    addr: str = ""
+    DEFAULTS = {"family": 4, "addr": ""}
 
     def _to_raw(self):
         return [self.ifindex, self.family, addr_bytes(self.addr, self.family)]
@@ -639,74 +608,45 @@ class RxKey(_Struct):
         return cls(ifindex=vals[0], family=vals[1], addr=addr_str(vals[2], vals[1]))
 
 
-@dataclass
+@_struct
 class RxPeer(_Struct):
     """struct mrc_rx_peer."""
     C_NAME: ClassVar[str] = "mrc_rx_peer"
     LAYOUT: ClassVar = (("peer", "I"), ("plane", "I"))
-    peer: int = 0
-    plane: int = 0
 
 
-@dataclass
+@_struct
 class Event(_Struct):
     """struct mrc_event: one record of the mrc_events ring buffer."""
     C_NAME: ClassVar[str] = "mrc_event"
     LAYOUT: ClassVar = (("ts_ns", "Q"), ("peer", "I"), ("path", "H"), ("old_state", "B"),
                         ("new_state", "B"), ("reason", "I"), ("age_us", "I"))
-    ts_ns: int = 0
-    peer: int = 0
-    path: int = 0
-    old_state: int = 0
-    new_state: int = 0
-    reason: int = 0
-    age_us: int = 0
 
 
-@dataclass
-class HealthStats(_Struct):
+@_struct
+class HealthStats(_Counters):
     """struct mrc_hstats (per CPU; HealthStats.sum() adds CPUs up)."""
     C_NAME: ClassVar[str] = "mrc_hstats"
     LAYOUT: ClassVar = tuple((n, "Q") for n in (
         "hedged", "hedge_no_path", "dedup_drops", "dead", "recovered", "min_active_held",
         "fallback", "events_lost", "retx_steered"))
-    hedged: int = 0
-    hedge_no_path: int = 0
-    dedup_drops: int = 0
-    dead: int = 0
-    recovered: int = 0
-    min_active_held: int = 0
-    fallback: int = 0
-    events_lost: int = 0
-    retx_steered: int = 0
-
-    @classmethod
-    def sum(cls, values: Iterable[bytes]) -> "HealthStats":
-        tot = cls()
-        for v in values:
-            s = cls.unpack(v)
-            for name, _f in cls.LAYOUT:
-                setattr(tot, name, getattr(tot, name) + getattr(s, name))
-        return tot
 
 
-@dataclass
+@_struct
 class Dedup(_Struct):
     """struct mrc_dedup: tag << 32 | 32 PSN bits per word."""
     C_NAME: ClassVar[str] = "mrc_dedup"
     LAYOUT: ClassVar = (("w", f"{MRC_DEDUP_WORDS * 8}s"),)
-    w: bytes = bytes(MRC_DEDUP_WORDS * 8)
 
     def words(self) -> list[int]:
         return list(struct.unpack(f"={MRC_DEDUP_WORDS}Q", self.w))
 
 
-@dataclass
+@_struct
 class TxFlows(_Struct):
     """struct mrc_tx_flows: flow hash << 32 | end of the highest sequence sent."""
     C_NAME: ClassVar[str] = "mrc_tx_flows"
     LAYOUT: ClassVar = (("hi", f"{MRC_TX_FLOWS * 8}s"),)
-    hi: bytes = bytes(MRC_TX_FLOWS * 8)
 
 
 ALL_STRUCTS: tuple[type[_Struct], ...] = (

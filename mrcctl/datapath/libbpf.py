@@ -367,8 +367,37 @@ def _adopt(cls, fd: int):
         raise
 
 
-class Map:
-    """A BPF map by fd. Keys and values are raw bytes (see mrcctl.wire)."""
+class _Closing:
+    """A handle that close() releases, also as a context manager."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class _Fd(_Closing):
+    """A BPF object held by fd; closing releases it if we own the fd."""
+
+    fd: int
+    _owned: bool
+
+    @classmethod
+    def from_pin(cls, path: str):
+        return _adopt(cls, obj_get(path))
+
+    def close(self) -> None:
+        if self._owned and self.fd >= 0:
+            os.close(self.fd)
+        self.fd = -1
+
+
+class Map(_Fd):
+    """A BPF map by fd. Keys and values are raw bytes (see mrcctl.datapath.abi)."""
 
     def __init__(self, fd: int, owned: bool, name: str | None = None):
         info = map_info(fd)
@@ -380,10 +409,6 @@ class Map:
         self.value_size = info["value_size"]
         self.max_entries = info["max_entries"]
         self.map_type = info["type"]
-
-    @classmethod
-    def from_pin(cls, path: str) -> "Map":
-        return _adopt(cls, obj_get(path))
 
     @classmethod
     def from_id(cls, map_id: int) -> "Map":
@@ -474,23 +499,12 @@ class Map:
                 out.append((k, v))
         return out
 
-    def close(self) -> None:
-        if self._owned and self.fd >= 0:
-            os.close(self.fd)
-        self.fd = -1
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
     def __repr__(self) -> str:
         return (f"Map({self.name!r}, type={self.map_type}, key={self.key_size}, "
                 f"value={self.value_size}, max={self.max_entries}, fd={self.fd})")
 
 
-class Program:
+class Program(_Fd):
     def __init__(self, fd: int, owned: bool, name: str | None = None):
         self.fd = fd
         self._owned = owned
@@ -498,10 +512,6 @@ class Program:
         self.name = name or info["name"]
         self.id = info["id"]
         self.prog_type = info["type"]
-
-    @classmethod
-    def from_pin(cls, path: str) -> "Program":
-        return _adopt(cls, obj_get(path))
 
     @classmethod
     def from_id(cls, prog_id: int) -> "Program":
@@ -542,22 +552,11 @@ class Program:
             return opts.retval, dout.raw[:opts.data_size_out], opts.duration
         raise LibbpfError(f"bpf_prog_test_run_opts({self.name})", _errno.ENOSPC)
 
-    def close(self) -> None:
-        if self._owned and self.fd >= 0:
-            os.close(self.fd)
-        self.fd = -1
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
     def __repr__(self) -> str:
         return f"Program({self.name!r}, id={self.id}, fd={self.fd})"
 
 
-class BpfObject:
+class BpfObject(_Closing):
     """A libbpf bpf_object. Maps with LIBBPF_PIN_BY_NAME are pinned under
     pin_root (created by the first load, reused by later ones)."""
 
@@ -623,11 +622,6 @@ class BpfObject:
             _bpf_object__close(self._obj)
             self._obj = None
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     def __del__(self):
         try:
@@ -636,7 +630,7 @@ class BpfObject:
             pass
 
 
-class RingBuffer:
+class RingBuffer(_Closing):
     """libbpf ring_buffer over one BPF_MAP_TYPE_RINGBUF map.
 
     callback(data: bytes) is called for each record from poll()/consume();
@@ -681,8 +675,3 @@ class RingBuffer:
             _ring_buffer__free(self._rb)
             self._rb = None
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()

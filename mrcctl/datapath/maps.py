@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from ..errors import MrcError
+from . import abi
 from .libbpf import Map, Program
 
 
@@ -56,6 +57,15 @@ class Datapath:
         if pid is None:
             raise MrcError(f"{self.inst.overlay}: program {name} unknown; run `mrcctl up`")
         return Program.from_id(pid)
+
+    def path(self, peer: int, path_id: int) -> tuple[abi.Path, abi.PathLive]:
+        """A path's entry (mrc_paths) and its liveness (mrc_live)."""
+        key = abi.path_key(peer, path_id)
+        return (abi.Path.unpack(self.map("mrc_paths").lookup(key)),
+                abi.PathLive.unpack(self.map("mrc_live").lookup(key)))
+
+    def usable(self, peer: int, path_id: int) -> bool:
+        return abi.path_usable(*self.path(peer, path_id))
 
     def close(self):
         for m in self._maps.values():

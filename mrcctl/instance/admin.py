@@ -52,19 +52,17 @@ def set_admin(cfg: cfgmod.Config, spec: str, deny: bool) -> list[dict]:
     inst = Instance(cfg.overlay_device)
     out = []
     with Datapath(inst) as dp:
-        paths_m, live_m = dp.map("mrc_paths"), dp.map("mrc_live")
         elog = EventLog(events_path(inst))
         for path in paths:
-            key = wire.path_key(peer.index, path.id)
-            ent = wire.Path.unpack(paths_m.lookup(key))
-            lv = wire.PathLive.unpack(live_m.lookup(key))
+            ent, lv = dp.path(peer.index, path.id)
             is_denied = ent.admin == wire.PathState.DENIED
             if is_denied == deny:
                 continue
             ent.admin = wire.PathState.DENIED if deny else wire.PathState.GOOD
-            paths_m.update(key, ent.pack())
+            dp.map("mrc_paths").update(wire.path_key(peer.index, path.id), ent.pack())
             old, new = (lv.state, wire.PathState.DENIED) if deny else (wire.PathState.DENIED, lv.state)
-            rec = event_record(cfg, peer.index, path.id, old, new, "denied" if deny else "allowed", "operator")
+            reason = (wire.EvReason.DENIED if deny else wire.EvReason.ALLOWED).label
+            rec = event_record(cfg, peer.index, path.id, old, new, reason, "operator")
             elog.append(rec)
             out.append(rec)
         rebuild_slots(dp, cfg)

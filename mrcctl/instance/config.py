@@ -16,7 +16,8 @@ import pathlib
 
 from ..datapath import abi as wire
 
-SPRAY_MODES = ("weighted", "flowlet", "hash")
+# enum mrc_spray's names, in its order: what peer.spray and `mrcctl spray` accept
+SPRAY_MODES = tuple(m.label for m in wire.SprayMode)
 IFNAME_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,15}$")
 PEER_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,32}$")
 
@@ -400,7 +401,7 @@ def _peer(i: int, p: dict, planes: list[Plane], ov_addr, seen: list[Peer]) -> Pe
     if any(q.overlay == overlay for q in seen):
         raise ConfigError(f"{where}.overlay: {overlay} is already used by another peer")
     evs = _int_in(f"{where}.evs_per_plane", p.get("evs_per_plane", 4), 1, wire.MRC_MAX_PATHS)
-    spray = _typed(f"{where}.spray", p.get("spray", "weighted"), str)
+    spray = _typed(f"{where}.spray", p.get("spray", wire.SprayMode.WEIGHTED.label), str)
     if spray not in SPRAY_MODES:
         raise ConfigError(f"{where}.spray: {spray!r} is not one of {', '.join(SPRAY_MODES)}")
     gap = _int_in(f"{where}.flowlet_gap_us", p.get("flowlet_gap_us", 0), 0, 10_000_000)

@@ -93,5 +93,5 @@ def format_event(e: dict) -> str:
     where = f"{e['peer']}/{e['path']}"
     if e.get("plane"):
         where += f" ({e['plane']} ev {e['ev']})"
-    extra = f"  evidence age {e['age_us'] / 1000:.1f} ms" if e.get("reason") == "dead" and "age_us" in e else ""
+    extra = f"  evidence age {e['age_us'] / 1000:.1f} ms" if e.get("reason") == wire.EvReason.DEAD.label and "age_us" in e else ""
     return f"{t}  {where:<24} {e['old']:>11} -> {e['new']:<11} {e['reason']} [{e['source']}]{extra}"

@@ -109,16 +109,12 @@ def rebuild_slots(dp: Datapath, cfg: cfgmod.Config, peers=None) -> None:
     path left, every not-denied path stays in: the datapath's min_active
     fallback then decides, rather than the control plane blacking out.
     """
-    paths_m, live_m = dp.map("mrc_paths"), dp.map("mrc_live")
     for peer in peers if peers is not None else cfg.peers:
         weights, fallback = [], []
         for path in peer.paths:
-            key = wire.path_key(peer.index, path.id)
-            p = wire.Path.unpack(paths_m.lookup(key))
-            lv = wire.PathLive.unpack(live_m.lookup(key))
-            denied = p.admin == wire.PathState.DENIED
-            fallback.append(0 if denied else max(p.weight, 0))
-            weights.append(p.weight if not denied and lv.state == wire.PathState.GOOD else 0)
+            p, lv = dp.path(peer.index, path.id)
+            fallback.append(0 if p.admin == wire.PathState.DENIED else max(p.weight, 0))
+            weights.append(p.weight if wire.path_usable(p, lv) else 0)
         if sum(weights) == 0:
             weights = fallback
         if sum(weights) == 0:

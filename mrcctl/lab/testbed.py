@@ -472,21 +472,18 @@ class Testbed:
                 self._ip_batch(i, cmds)
         for i in self.hosts():
             devs = [(j, p, self.dev(i, j, p)) for j in self.peers(i) for p in range(self.n_planes)]
-            lines = []
-            for _, _, d in devs:
+            lines, cmds = [], []     # sysctls first, then addresses and up
+            for j, p, d in devs:
                 lines.append(f"echo 0 > /proc/sys/net/ipv4/conf/{d}/rp_filter")
+                cmds.append(f"addr add {self.addr(i, j, p, 4)}/24 dev {d}")
                 if self.ipv6:
                     lines.append(f"echo 1 > /proc/sys/net/ipv6/conf/{d}/keep_addr_on_down")
                     lines.append(f"echo 0 > /proc/sys/net/ipv6/conf/{d}/accept_dad")
+                    cmds.append(f"addr add {self.addr(i, j, p, 6)}/64 dev {d} nodad")
                 else:
                     lines.append(f"if [ -d /proc/sys/net/ipv6 ]; then echo 1 > /proc/sys/net/ipv6/conf/{d}/disable_ipv6; fi")
-            self._sh(i, lines)
-            cmds = []
-            for j, p, d in devs:
-                cmds.append(f"addr add {self.addr(i, j, p, 4)}/24 dev {d}")
-                if self.ipv6:
-                    cmds.append(f"addr add {self.addr(i, j, p, 6)}/64 dev {d} nodad")
                 cmds.append(f"link set {d} up")
+            self._sh(i, lines)
             self._ip_batch(i, cmds)
             self._tc_batch(i, [self._qdisc_cmd(d, self.rates[p]) for _, p, d in devs])
         self._write_state()

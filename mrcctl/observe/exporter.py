@@ -16,6 +16,7 @@ import re
 import signal
 import threading
 
+from ..datapath.abi import PathState, reason_is_drop
 from ..errors import InputError, MrcError
 from ..instance import config as cfgmod
 from .source import Source
@@ -23,7 +24,7 @@ from .source import Source
 log = logging.getLogger("mrc.exporter")
 
 DEFAULT_LISTEN = "127.0.0.1:9477"
-STATES = ("GOOD", "ASSUMED_BAD", "DENIED")
+STATES = tuple(s.name for s in PathState)
 PATH_LABELS = ["peer", "plane", "ev"]
 # snapshot path key -> (metric name, help); counters get "_total" from prometheus-client
 PATH_COUNTERS = {
@@ -129,7 +130,7 @@ def families(snap: dict | None, events: int, error: str | None = None):
         if not _is_num(n):
             continue
         verdicts.add_metric([reason], n)
-        if _is_drop(reason):
+        if reason_is_drop(reason):
             drops.add_metric([reason], n)
     yield drops
     yield verdicts
@@ -165,14 +166,6 @@ def _generic(fams: dict, prefix: str, where: str, label_names: list[str], labels
                                                      labels=label_names + ["bucket"])
             for b, x in v.items():
                 fam.add_metric(labels + [str(b)], x)
-
-
-def _is_drop(label: str) -> bool:
-    from ..datapath import abi as wire
-    for r in wire.Reason:
-        if r.label == label:
-            return r.is_drop
-    return "probe" not in label
 
 
 def parse_listen(addr: str) -> tuple[str, int]:

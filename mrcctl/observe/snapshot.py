@@ -17,9 +17,8 @@ SCHEMA_VERSION = 1
 
 
 def _state_name(live: wire.PathLive, path: wire.Path) -> str:
-    if path.admin == wire.PathState.DENIED:
-        return "DENIED"
-    return wire.PathState(live.state).name if live.state in wire.PathState._value2member_map_ else "UNKNOWN"
+    s = wire.effective_state(path, live)
+    return wire.PathState(s).name if s in wire.PathState._value2member_map_ else "UNKNOWN"
 
 
 def _hist(buckets: list[int]) -> dict[str, int]:

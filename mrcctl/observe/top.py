@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from rich.console import Console, Group
 from rich.text import Text
 
+from ..datapath.abi import reason_is_drop
 from ..errors import MrcError
 from ..instance import config as cfgmod
 from .render import STATE_STYLE, bitrate, duration_us, path_rtt_us, percent
@@ -265,7 +266,7 @@ def build_frame(snap: dict | None, paths: list[PathView], events: list[dict], vi
             lines.append(format_event(ev))
 
     # --- footer
-    drops = {k: v for k, v in (snap or {}).get("drops", {}).items() if v and "probe" not in k}
+    drops = {k: v for k, v in (snap or {}).get("drops", {}).items() if v and reason_is_drop(k)}
     mode = "planes" if folded else "paths"
     foot = f" q quit  f fold/unfold  [{mode}]  {1 / view.interval:.0f}/s"
     if drops:
