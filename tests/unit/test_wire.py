@@ -3,6 +3,7 @@ offset and field size, checked by compiling a C program against mrc.h."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
@@ -90,6 +91,41 @@ def test_reason_labels():
     assert all(re.fullmatch(r"[a-z][a-z0-9_]*", lab) for lab in labels)
     assert len(wire.Reason) == wire.MRC_R_MAX
     assert wire.Reason.RX_TRUNCATED.is_drop and not wire.Reason.RX_PROBE_REPLY.is_drop
+
+
+def _enum_members(text: str, enum: str) -> dict[str, str]:
+    """MRC_* member -> its comment, of one enum in mrc.h."""
+    body = re.search(rf"enum {enum} \{{(.*?)\}};", text, flags=re.S).group(1)
+    return {m.group(1): m.group(2) or "" for m in
+            re.finditer(r"^[ \t]*(MRC_\w+)[ \t]*=[ \t]*\d+,?[ \t]*(?:/\*(.*?)\*/)?", body, flags=re.M)}
+
+
+def test_drop_split_is_mrc_h_s():
+    """Reason.is_drop is false exactly for the verdicts mrc.h marks "not a drop"."""
+    members = _enum_members(MRC_H.read_text(), "mrc_reason")
+    not_drops = {name for name, comment in members.items() if "not a drop" in comment}
+    assert not_drops == {f"MRC_R_{r.name}" for r in wire.Reason if not r.is_drop}
+    assert wire.reason_is_drop("rx_unknown_peer") and not wire.reason_is_drop("rx_pass_vlan")
+
+
+def test_names_come_from_the_mirror():
+    """Path states, spray modes and reasons are the mirror's enums wherever
+    mrcctl names them: a new member of an mrc.h enum needs the mirror (and
+    the operator guide), no other edit."""
+    from mrcctl.cli.path import spray
+    from mrcctl.instance import config
+    from mrcctl.observe import exporter
+
+    modes = [m.label for m in wire.SprayMode]
+    assert list(config.SPRAY_MODES) == modes
+    choice = next(p for p in spray.params if p.name == "mode").type
+    assert list(choice.choices) == modes
+    assert all(m in spray.help for m in modes)
+    assert list(exporter.STATES) == [s.name for s in wire.PathState]
+    schema = json.loads((BPF_DIR.parent / "docs" / "status.schema.json").read_text())
+    assert schema["$defs"]["state"]["enum"] == [s.name for s in wire.PathState] + ["UNKNOWN"]
+    guide = (BPF_DIR.parent / "docs" / "operator-guide.md").read_text()
+    assert all(f"`{m}`" in guide for m in modes)
 
 
 def test_roundtrips():
