@@ -75,7 +75,7 @@ WEIGHT_MODES = ("fixed", "adaptive")
 @dataclass(frozen=True)
 class Weights:
     """[weights]: fixed = the planes' configured weights; adaptive = the
-    agent re-weights paths by what they deliver (mrcctl/weights.py)."""
+    agent re-weights paths by what they deliver (mrcctl/agent/weights.py)."""
     mode: str = "fixed"
     interval_ms: float = 10.0
     min_weight: float = 0.02      # floor of a usable path's share, so it keeps being measured

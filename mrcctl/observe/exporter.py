@@ -2,7 +2,7 @@
 
 Served by the agent when the config has `[metrics] listen = "HOST:PORT"`, or
 in the foreground by `mrcctl exporter -c FILE [--listen HOST:PORT]`. The
-collector renders stats.snapshot(), the same dict `status --json` prints, so
+collector renders observe.snapshot.snapshot(), the same dict `status --json` prints, so
 a scrape and a `status` taken at the same moment agree; there is no cache
 between the datapath's counters and the scrape.
 

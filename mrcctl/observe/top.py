@@ -1,6 +1,6 @@
 """`mrcctl top`: a live terminal dashboard of one instance.
 
-It renders the same snapshot as `status --json` (stats.snapshot), sampled a
+It renders the same snapshot as `status --json` (observe.snapshot), sampled a
 few times a second; rates are counter deltas over the measured interval
 between two samples (the counters themselves are the datapath's per-CPU
 sums). Frames are built as plain lines of rich Text, cropped to the
