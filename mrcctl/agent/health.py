@@ -61,7 +61,6 @@ PROBE_LOSS_REASON = "probe_loss"
 # ------------------------------------------------------------------ probes
 
 
-
 def probe_frame(path: wire.Path, path_id: int, udp_port: int) -> bytearray:
     """Ethernet + IP + UDP + MRC PROBE for one path; the MRC header's psn
     (probe sequence) and tx_ts are patched per probe (PROBE_PSN_OFF/TS_OFF

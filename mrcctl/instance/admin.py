@@ -69,7 +69,6 @@ def set_admin(cfg: cfgmod.Config, spec: str, deny: bool) -> list[dict]:
     return out
 
 
-
 def set_spray(dp, peer: cfgmod.Peer, mode: str, gap_us: int | None = None) -> wire.Peer:
     """Switch a running peer's spray mode (and optionally the flowlet gap).
 

@@ -87,11 +87,11 @@ def read_events(inst: Instance) -> list[dict]:
     return out
 
 
-
 def format_event(e: dict) -> str:
     t = time.strftime("%H:%M:%S", time.localtime(e["time"])) + f".{int(e['time'] * 1000) % 1000:03d}"
     where = f"{e['peer']}/{e['path']}"
     if e.get("plane"):
         where += f" ({e['plane']} ev {e['ev']})"
-    extra = f"  evidence age {e['age_us'] / 1000:.1f} ms" if e.get("reason") == wire.EvReason.DEAD.label and "age_us" in e else ""
+    dead = e.get("reason") == wire.EvReason.DEAD.label
+    extra = f"  evidence age {e['age_us'] / 1000:.1f} ms" if dead and "age_us" in e else ""
     return f"{t}  {where:<24} {e['old']:>11} -> {e['new']:<11} {e['reason']} [{e['source']}]{extra}"

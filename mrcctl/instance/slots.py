@@ -133,7 +133,6 @@ def set_path_weights(dp: Datapath, peer: cfgmod.Peer, weights: dict[int, int]) -
             paths_m.update(key, ent.pack())
 
 
-
 def slot_weights(dp, peer: cfgmod.Peer) -> list[int]:
     """Slots per path in the peer's live slot table (what the datapath uses)."""
     raw = dp.map("mrc_peers").lookup(wire.u32(peer.index))
