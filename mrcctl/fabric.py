@@ -45,6 +45,7 @@ import os
 import re
 import subprocess
 import time
+from pathlib import Path
 from typing import Iterable
 
 from . import testbed as tbmod
@@ -63,6 +64,7 @@ DIRECTIONS = ("up", "down", "both")
 # the sender's stack or mrc's inner TCP flow set it), so every EV of a flow
 # took one spine, whatever `ip route get` said.
 HASH_FIELDS = 0x0001 | 0x0002 | 0x0004 | 0x0010 | 0x0020
+XDP_PASS_OBJ = Path(__file__).resolve().parent.parent / "bpf" / "xdp_pass.bpf.o"
 
 
 class Fabric(Testbed):
@@ -256,6 +258,8 @@ class Fabric(Testbed):
         return lines
 
     def _build(self) -> None:
+        if not XDP_PASS_OBJ.exists():
+            raise TestbedError(f"{XDP_PASS_OBJ} is missing: build the BPF objects (make -C bpf)")
         for ns in [self.ns(i) for i in self.hosts()] + self.routers():
             _run(["ip", "netns", "add", ns])
         for i in self.hosts():
@@ -327,6 +331,11 @@ class Fabric(Testbed):
                     cmds.append(f"route add fd01:{p:x}::/32 " + " ".join(hop6))
                 self._ns_batch("ip", ns, self._v6_ordered(cmds))
                 self._ns_batch("tc", ns, tc)
+                # mrc answers probes with XDP_TX; a veth delivers those frames
+                # only to a peer that runs XDP (bpf/xdp_pass.bpf.c says why).
+                for i in (h for h in self.hosts() if self.leaf_of(h) == lf):
+                    _run(["ip", "-n", ns, "link", "set", "dev", f"h{i}", "xdpdrv", "obj", str(XDP_PASS_OBJ),
+                          "sec", "xdp"])
             for s in range(self.n_spines):
                 ns = self.spine_ns(p, s)
                 cmds, tc = [], []
