@@ -3,8 +3,9 @@
 `up` resolves the peers' underlay MACs once; a peer that re-creates its
 interface (or a routed underlay whose next hop moves) would otherwise keep
 receiving frames for a MAC that no longer exists. Once a second the agent
-dumps the neighbour table and rewrites only the paths whose MAC changed. A
-path whose neighbour is unknown gets the zero MAC, which makes mrc_tx use
+dumps the neighbour table and rewrites only the paths whose MAC changed; a
+peer behind a gateway gets the MAC of the next hop its route names. A
+path whose next hop is unknown gets the zero MAC, which makes mrc_tx use
 bpf_redirect_neigh so the kernel resolves it.
 """
 
@@ -24,8 +25,15 @@ def setup(agent: agentmod.Agent) -> None:
 
     def refresh(_now: float) -> None:
         table = nl.neighbour_table()
+        hops: dict[tuple[str, str], str] = {}
         for _peer, path, key, entry in agent.path_entries():
             mac = table.get((entry.ifindex, str(path.remote)))
+            if mac is None:
+                # routed plane: the gateway's MAC, from the route now in force
+                hop = (path.plane.device, str(path.remote))
+                if hop not in hops:
+                    hops[hop] = nl.next_hop(*hop)
+                mac = table.get((entry.ifindex, hops[hop]))
             new = wire.mac_str(mac) if mac else "00:00:00:00:00:00"
             if new != entry.dmac:
                 entry.dmac = new

@@ -133,10 +133,27 @@ class Netlink:
         return out
 
     # ------------------------------------------------------------ neighbours
+    def next_hop(self, device: str, addr) -> str:
+        """Where frames for `addr` out of `device` go first: the route's
+        gateway (a leaf switch on a routed plane), or `addr` itself when it
+        is on-link. Every frame mrc builds (data, hedged copies, probes)
+        carries that hop's MAC."""
+        try:
+            routes = self.ipr.route("get", dst=str(addr), oif=self.index(device))
+        except NetlinkError:
+            return str(addr)
+        for r in routes:
+            gw = r.get_attr("RTA_GATEWAY")
+            if gw:
+                return str(ipaddress.ip_address(gw))
+        return str(addr)
+
     def neighbour_mac(self, device: str, addr) -> bytes | None:
+        """MAC of the next hop toward addr on device, if the kernel knows it."""
         idx = self.index(device)
-        family = socket.AF_INET6 if ipaddress.ip_address(addr).version == 6 else socket.AF_INET
-        for n in self.ipr.get_neighbours(family=family, ifindex=idx, dst=str(addr)):
+        hop = self.next_hop(device, addr)
+        family = socket.AF_INET6 if ipaddress.ip_address(hop).version == 6 else socket.AF_INET
+        for n in self.ipr.get_neighbours(family=family, ifindex=idx, dst=hop):
             mac = n.get("lladdr")
             # NUD_INCOMPLETE (1) and NUD_FAILED (0x20) have no usable address.
             if mac and not n["state"] & 0x21:

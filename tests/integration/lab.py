@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+from mrcctl.lab.fabric import Fabric
 from mrcctl.lab.testbed import Testbed
 
 REPO = Path(__file__).resolve().parents[2]
@@ -23,10 +24,16 @@ MRCCTL = [sys.executable, "-m", "mrcctl"]
 
 class Lab:
     def __init__(self, tmp: Path, hosts: int = 2, planes: int = 4, rates=None, ipv6: bool = False,
-                 prefix: str | None = None, **cfg):
+                 prefix: str | None = None, fabric: dict | None = None, **cfg):
+        """fabric: routed leaf-spine planes (Fabric keywords: spines, leaves,
+        link_rate, ...) instead of point-to-point veth planes."""
         self.tmp = Path(tmp)
         self.prefix = prefix or f"mi{os.getpid() % 10000}"
-        self.tb = Testbed(hosts=hosts, planes=planes, rates=rates, ipv6=ipv6, prefix=self.prefix)
+        if fabric is not None:
+            self.tb = Fabric(hosts=hosts, planes=planes, host_rate=rates, ipv6=ipv6, prefix=self.prefix,
+                             **fabric)
+        else:
+            self.tb = Testbed(hosts=hosts, planes=planes, rates=rates, ipv6=ipv6, prefix=self.prefix)
         self.family = 6 if ipv6 else 4
         self.cfg_kw = cfg
         self.configs: dict[int, Path] = {}
