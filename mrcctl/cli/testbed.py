@@ -11,12 +11,15 @@ import sys
 
 import click
 
+from ..lab.fabric import DIRECTIONS, Fabric, attach
 from ..lab.testbed import DEFAULT_PREFIX, Testbed, TestbedError, cleanup
 
 PROG = "testbed.py"
 
 
 def _print_layout(lay: dict) -> None:
+    if lay.get("kind") == "leaf-spine":
+        return _print_fabric(lay)
     fam = "IPv4+IPv6" if lay["ipv6"] else "IPv4"
     print(f"testbed {lay['prefix']}: {lay['hosts']} hosts x {lay['planes']} planes, {fam}, mtu {lay['mtu']}"
           + ("" if lay.get("up", True) else "  [NOT UP]"))
@@ -35,6 +38,32 @@ def _print_layout(lay: dict) -> None:
             else:
                 extra = f"  rate {d['rate']}"
             print(f"  {d['dev']:<7} -> h{d['peer']}:{d['peer_dev']:<7} {d['mac']}  {addrs:<36}{extra}")
+
+
+def _print_fabric(lay: dict) -> None:
+    fam = "IPv4+IPv6" if lay["ipv6"] else "IPv4"
+    print(f"fabric {lay['prefix']}: {lay['hosts']} hosts x {lay['planes']} leaf-spine planes "
+          f"({lay['leaves']} leaves, {lay['spines']} spines each), {fam}, mtu {lay['mtu']}, "
+          f"links {lay['link_rate']}, host ports {lay['host_rate']}" + ("" if lay.get("up", True) else "  [NOT UP]"))
+    for h in lay["host_info"]:
+        print(f"host {h['host']}  netns {h['ns']}  leaf {h['leaf']}  (overlay {h['overlay_addr']} by convention)")
+        for d in h["devices"]:
+            addrs = f"{d['addr4']}/24" + (f" {d['addr6']}/64" if "addr6" in d else "")
+            extra = ""
+            if "live" in d:
+                lv = d["live"]
+                extra = f"  {lv['state']:<7} {lv['qdisc']:<16}" + (" FAULT: " + ", ".join(lv["faults"]) if lv["faults"] else "")
+            print(f"  {d['dev']:<4} {addrs:<36} via {d['gateway4']}{extra}")
+    for link in lay["links"]:
+        line = f"link plane {link['plane']} leaf {link['leaf']} <-> spine {link['spine']}  " \
+               f"{link['leaf_ns']}:{link['leaf_dev']} {link['leaf_addr4']} - {link['spine_ns']}:{link['spine_dev']} " \
+               f"{link['spine_addr4']}"
+        if "live" in link:
+            for end in ("up", "down"):
+                lv = link["live"][end]
+                if lv["faults"] or lv["state"] != "UP":
+                    line += f"  {end}: {lv['state']} {' '.join(lv['faults'])}".rstrip()
+        print(line)
 
 
 def _common(fn):
@@ -75,13 +104,26 @@ def testbed():
 @click.option("--rates", default=None, help="comma-separated per-plane rates ('none' = unshaped)")
 @click.option("--ipv6", is_flag=True, help="also add IPv6 underlay addresses")
 @click.option("--mtu", type=int, default=1500, show_default=True)
-def up(prefix, as_json, hosts, planes, rate, rates, ipv6, mtu):
-    """Build the test bed."""
+@click.option("--fabric", type=click.Choice(["direct", "leaf-spine"]), default="direct", show_default=True,
+              help="direct: a veth per host pair and plane; leaf-spine: every plane a routed fabric")
+@click.option("--spines", type=int, default=2, show_default=True, help="leaf-spine: spines per plane")
+@click.option("--leaves", type=int, default=2, show_default=True, help="leaf-spine: leaves per plane")
+@click.option("--link-rate", default=None, help="leaf-spine: tbf rate of every leaf-spine link")
+def up(prefix, as_json, hosts, planes, rate, rates, ipv6, mtu, fabric, spines, leaves, link_rate):
+    """Build the test bed (--fabric leaf-spine: routed planes; --rate then
+    shapes the host ports)."""
     if rate is not None and rates is not None:
         raise click.UsageError("--rate and --rates are mutually exclusive")
+    if fabric == "leaf-spine" and rates is not None:
+        raise click.UsageError("--rates is for direct planes; a fabric takes --rate and --link-rate")
+    if fabric == "direct" and link_rate is not None:
+        raise click.UsageError("--link-rate needs --fabric leaf-spine")
 
     def go():
-        tb = Testbed(hosts, planes, rates.split(",") if rates else rate, ipv6, prefix, mtu).up()
+        if fabric == "leaf-spine":
+            tb = Fabric(hosts, planes, spines, leaves, link_rate, rate, ipv6, prefix, mtu).up()
+        else:
+            tb = Testbed(hosts, planes, rates.split(",") if rates else rate, ipv6, prefix, mtu).up()
         lay = tb.layout()
         if as_json:
             print(json.dumps(lay, indent=2))
@@ -108,7 +150,7 @@ def down(prefix, as_json):
 def status(prefix, as_json):
     """Show layout and live state."""
     def go():
-        st = Testbed.attach(prefix).status()
+        st = attach(prefix).status()
         if as_json:
             print(json.dumps(st, indent=2))
         else:
@@ -123,7 +165,7 @@ def status(prefix, as_json):
 @click.option("--both", is_flag=True, help="both directions")
 def blackhole(prefix, as_json, host, plane, peer, off, both):
     """Drop all egress of a host on a plane."""
-    _run(lambda: Testbed.attach(prefix).blackhole(host, plane, not off, peer, both))
+    _run(lambda: attach(prefix).blackhole(host, plane, not off, peer, both))
 
 
 @testbed.command()
@@ -133,7 +175,7 @@ def blackhole(prefix, as_json, host, plane, peer, off, both):
 @click.option("--both", is_flag=True, help="both directions")
 def loss(prefix, as_json, host, plane, peer, percent, both):
     """Random egress loss of a host on a plane."""
-    _run(lambda: Testbed.attach(prefix).loss(host, plane, percent, peer, both))
+    _run(lambda: attach(prefix).loss(host, plane, percent, peer, both))
 
 
 @testbed.command()
@@ -142,7 +184,7 @@ def loss(prefix, as_json, host, plane, peer, percent, both):
 @click.argument("state", type=click.Choice(["up", "down"]))
 def carrier(prefix, as_json, host, plane, peer, state):
     """Set a host's plane device down/up."""
-    _run(lambda: Testbed.attach(prefix).carrier(host, plane, state == "up", peer))
+    _run(lambda: attach(prefix).carrier(host, plane, state == "up", peer))
 
 
 @testbed.command()
@@ -152,14 +194,14 @@ def carrier(prefix, as_json, host, plane, peer, state):
 @click.option("--one-end", is_flag=True, help="only the host's end")
 def rate(prefix, as_json, host, plane, peer, rate, one_end):
     """Change a plane's rate (tbf), 'none' for pfifo."""
-    _run(lambda: Testbed.attach(prefix).set_rate(host, plane, rate, peer, not one_end))
+    _run(lambda: attach(prefix).set_rate(host, plane, rate, peer, not one_end))
 
 
 @testbed.command()
 @_common
 def clear(prefix, as_json):
     """Remove all faults."""
-    _run(lambda: Testbed.attach(prefix).clear_faults())
+    _run(lambda: attach(prefix).clear_faults())
 
 
 @testbed.command("exec", context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
@@ -173,7 +215,113 @@ def exec_(prefix, host, command):
         if not cmd:
             click.echo("exec: no command", err=True)
             return 2
-        return subprocess.call(Testbed.attach(prefix).ns_cmd(host, cmd))
+        return subprocess.call(attach(prefix).ns_cmd(host, cmd))
+    _run(go)
+
+
+def _link(fn):
+    fn = click.option("--spine", type=int, required=True, help="spine index (0-based)")(fn)
+    fn = click.option("--leaf", type=int, required=True, help="leaf index (0-based)")(fn)
+    return click.option("--plane", type=int, required=True, help="plane index (0-based)")(fn)
+
+
+def _fabric(prefix: str) -> Fabric:
+    tb = attach(prefix)
+    if not isinstance(tb, Fabric):
+        raise TestbedError(f"testbed {prefix!r} has direct planes; fabric links need 'up --fabric leaf-spine'")
+    return tb
+
+
+_direction = click.option("--direction", type=click.Choice(DIRECTIONS), default="both", show_default=True,
+                          help="up: leaf -> spine, down: spine -> leaf")
+
+
+@testbed.group()
+def link():
+    """Faults on one leaf-spine link (a gray failure keeps the carrier up)."""
+
+
+@link.command("blackhole")
+@_common
+@_link
+@_direction
+@click.option("--off", is_flag=True, help="restore")
+def link_blackhole(prefix, as_json, plane, leaf, spine, direction, off):
+    """Drop everything on the link in one direction or both."""
+    _run(lambda: _fabric(prefix).link_blackhole(plane, leaf, spine, not off, direction))
+
+
+@link.command("loss")
+@_common
+@_link
+@_direction
+@click.option("--percent", type=float, required=True)
+def link_loss(prefix, as_json, plane, leaf, spine, direction, percent):
+    """Random loss on the link (0 removes it)."""
+    _run(lambda: _fabric(prefix).link_loss(plane, leaf, spine, percent, direction))
+
+
+@link.command("rate")
+@_common
+@_link
+@_direction
+@click.argument("rate")
+def link_rate_cmd(prefix, as_json, plane, leaf, spine, direction, rate):
+    """Shape the link (tbf), 'none' for pfifo."""
+    _run(lambda: _fabric(prefix).set_link_rate(plane, leaf, spine, rate, direction))
+
+
+@link.command("carrier")
+@_common
+@_link
+@click.argument("state", type=click.Choice(["up", "down"]))
+def link_carrier(prefix, as_json, plane, leaf, spine, state):
+    """Take the link down or up (both routers see it)."""
+    _run(lambda: _fabric(prefix).link_carrier(plane, leaf, spine, state == "up"))
+
+
+@testbed.command()
+@_common
+@_link
+@click.option("--direction", type=click.Choice(["up", "down"]), default="up", show_default=True)
+@click.option("--rate", "xrate", required=True, help="e.g. 300mbit")
+@click.option("--seconds", type=float, default=10, show_default=True, help="at most 600")
+def cross(prefix, as_json, plane, leaf, spine, direction, xrate, seconds):
+    """Bounded UDP cross traffic through one fabric link; waits for it to end."""
+    def go():
+        proc = _fabric(prefix).cross_traffic(plane, leaf, spine, xrate, seconds, direction)
+        out, err = proc.communicate(timeout=seconds + 30)
+        if proc.returncode != 0:
+            raise TestbedError(f"iperf3 failed: {err.strip()[-500:]}")
+        sent = json.loads(out)["end"]["sum"]
+        if as_json:
+            print(json.dumps(sent))
+        else:
+            print(f"sent {sent['bytes']} bytes in {sent['seconds']:.1f} s ({sent['bits_per_second'] / 1e6:.0f} Mbit/s)")
+    _run(go)
+
+
+@testbed.command()
+@_common
+@click.option("--plane", type=int, required=True)
+@click.option("--src", type=int, required=True, help="sending host")
+@click.option("--dst", type=int, required=True, help="receiving host")
+@click.option("--evs", default="49152-49167", show_default=True, help="EV range FIRST-LAST (outer UDP source ports)")
+@click.option("--port", type=int, default=4794, show_default=True, help="outer UDP destination port")
+def evs(prefix, as_json, plane, src, dst, evs, port):
+    """Which spine each EV from src to dst crosses, as the leaf's FIB says."""
+    def go():
+        try:
+            first, _, last = evs.partition("-")
+            rng = range(int(first), int(last or first) + 1)
+        except ValueError:
+            raise TestbedError(f"--evs {evs!r}: give FIRST-LAST, e.g. 49152-49159") from None
+        m = _fabric(prefix).ev_spines(plane, src, dst, rng, port)
+        if as_json:
+            print(json.dumps({str(k): v for k, v in m.items()}))
+        else:
+            for ev, s in m.items():
+                print(f"ev {ev}: " + ("same leaf, no spine" if s is None else f"spine {s}"))
     _run(go)
 
 
