@@ -125,13 +125,9 @@ static __always_inline bool evidence_new(__u32 peer_idx, __u32 path_id,
 static __always_inline void delay_sample(__u32 peer_idx, __u32 path, __u32 now_us,
 					 __u32 fb_ts)
 {
-	struct mrc_path_delay *d;
-	__u32 idx, rtt;
+	struct mrc_path_delay *d = path_entry(&mrc_path_delay, peer_idx, path);
+	__u32 rtt;
 
-	if (peer_idx >= MRC_MAX_PEERS || path >= MRC_MAX_PATHS)
-		return;
-	idx = MRC_PATH_IDX(peer_idx, path);
-	d = bpf_map_lookup_elem(&mrc_path_delay, &idx);
 	if (!d)
 		return;
 	if (d->samples && (__s32)(fb_ts - d->last_fb_ts) <= 0)

@@ -46,15 +46,22 @@ static __always_inline struct mrc_path *path_cfg(__u32 peer_idx, __u32 pid)
 	return bpf_map_lookup_elem(&mrc_paths, &idx);
 }
 
-/* Shared (all-CPU) liveness state of one path, or NULL. */
-static __always_inline struct mrc_path_live *path_live(__u32 peer, __u32 path)
+/* The entry of (peer, path) in a map indexed by MRC_PATH_IDX, or NULL
+ * when either index is out of range (they come from the wire). */
+static __always_inline void *path_entry(void *map, __u32 peer, __u32 path)
 {
 	__u32 idx;
 
 	if (peer >= MRC_MAX_PEERS || path >= MRC_MAX_PATHS)
 		return NULL;
 	idx = MRC_PATH_IDX(peer, path);
-	return bpf_map_lookup_elem(&mrc_live, &idx);
+	return bpf_map_lookup_elem(map, &idx);
+}
+
+/* Shared (all-CPU) liveness state of one path, or NULL. */
+static __always_inline struct mrc_path_live *path_live(__u32 peer, __u32 path)
+{
+	return path_entry(&mrc_live, peer, path);
 }
 
 /* Configured (a plane device, a family the encapsulation knows) and not

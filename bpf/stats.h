@@ -48,12 +48,7 @@ static __always_inline void count_reason(__u32 reason)
 /* The per-CPU counters of path `path` toward peer `peer`, or NULL. */
 static __always_inline struct mrc_path_stats *path_stats(__u32 peer, __u32 path)
 {
-	__u32 idx;
-
-	if (peer >= MRC_MAX_PEERS || path >= MRC_MAX_PATHS)
-		return NULL;
-	idx = MRC_PATH_IDX(peer, path);
-	return bpf_map_lookup_elem(&mrc_path_stats, &idx);
+	return path_entry(&mrc_path_stats, peer, path);
 }
 
 static __always_inline struct mrc_hstats *health_stats(void)
