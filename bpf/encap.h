@@ -1,13 +1,17 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /*
- * Writing the outer headers. Called after bpf_skb_adjust_room() has opened
- * a gap of MRC_OVERHEAD_V4/V6 bytes between the Ethernet header and the
- * inner IPv4 packet; the caller has checked that Ethernet + outer headers
- * lie inside the packet.
+ * Every write of outer headers, in one place: encapsulation (encap_push),
+ * the hedge's rewrite of a sent unit for another path (encap_write), a
+ * probe turned around in place (encap_turn_around) and decapsulation
+ * (decap_xdp). Each helper re-derives its packet pointers itself: after
+ * bpf_skb_adjust_room / bpf_skb_pull_data / bpf_xdp_adjust_head every
+ * pointer the caller held is invalid (testbed facts).
  */
 #ifndef MRC_ENCAP_H
 #define MRC_ENCAP_H
 
+#include <stdbool.h>
+#include <linux/bpf.h>
 #include <linux/in.h>
 #include <bpf/bpf_endian.h>
 #include "parsing.h"
@@ -15,6 +19,9 @@
 #include "mrc.h"
 
 #define MRC_TTL		64
+/* ver_type: MRC_VERSION in the high nibble, enum mrc_type in the low one */
+#define MRCH_VERSION_SHIFT	4
+#define MRCH_TYPE_MASK		0x0f
 
 /* What one unit's MRC header says; host order. */
 struct mrc_unit {
@@ -29,6 +36,20 @@ struct mrc_unit {
 	__u8	flags;
 	__u8	tos;		/* inner DSCP, copied to the outer header */
 };
+
+/* An MRC frame as mrc_rx sees it: outer headers, then the inner packet. */
+struct mrc_frame {
+	struct ethhdr	*eth;
+	struct l3_desc	l3;	/* outer */
+	struct udphdr	*udp;
+	struct mrc_hdr	*mh;
+	struct l3_desc	inner;
+};
+
+static __always_inline __u32 encap_overhead(__u8 family)
+{
+	return family == 4 ? MRC_OVERHEAD_V4 : MRC_OVERHEAD_V6;
+}
 
 static __always_inline void write_eth(struct ethhdr *eth,
 				      const struct mrc_path *path, __u16 proto)
@@ -49,11 +70,11 @@ static __always_inline void write_ipv4(struct iphdr *iph,
 				       __u32 tot_len, const struct mrc_unit *u)
 {
 	iph->version = 4;
-	iph->ihl = 5;
+	iph->ihl = IPV4_MIN_IHL;
 	iph->tos = u->tos;
 	iph->tot_len = bpf_htons((__u16)tot_len);
 	iph->id = bpf_htons((__u16)u->psn);
-	iph->frag_off = bpf_htons(0x4000);	/* IP_DF */
+	iph->frag_off = bpf_htons(IPV4_DF);
 	iph->ttl = MRC_TTL;
 	iph->protocol = IPPROTO_UDP;
 	iph->saddr = path->saddr[0];
@@ -68,11 +89,11 @@ static __always_inline void write_ipv6(struct ipv6hdr *ip6h,
 				       __u32 payload_len,
 				       const struct mrc_unit *u)
 {
-	__u32 fl = path->ev & 0xfffff;
+	__u32 fl = path->ev & IPV6_FLOWLABEL_MASK;
 
 	ip6h->version = 6;
 	ip6h->priority = u->tos >> 4;
-	ip6h->flow_lbl[0] = ((u->tos & 0x0f) << 4) | ((fl >> 16) & 0x0f);
+	ip6h->flow_lbl[0] = ((u->tos & IP_TCLASS_LO_MASK) << 4) | ((fl >> 16) & 0x0f);
 	ip6h->flow_lbl[1] = (fl >> 8) & 0xff;
 	ip6h->flow_lbl[2] = fl & 0xff;
 	ip6h->payload_len = bpf_htons((__u16)payload_len);
@@ -103,7 +124,7 @@ static __always_inline void write_udp(struct udphdr *udp, __u16 sport,
 static __always_inline void write_mrc(struct mrc_hdr *mh, __u8 type,
 				      const struct mrc_unit *u)
 {
-	mh->ver_type = (MRC_VERSION << 4) | type;
+	mh->ver_type = (MRC_VERSION << MRCH_VERSION_SHIFT) | type;
 	mh->flags = u->flags;
 	mh->path_id = bpf_htons(u->path_id);
 	mh->psn = bpf_htonl(u->psn);
@@ -114,6 +135,138 @@ static __always_inline void write_mrc(struct mrc_hdr *mh, __u8 type,
 	mh->fb_path = bpf_htons(u->fb_path);
 	mh->fb_rsvd = 0;
 	mh->fb_ts = bpf_htonl(u->fb_ts);
+}
+
+/* Write all outer headers of a DATA unit for `path` in front of the inner
+ * packet of an skb that already has room for them (after encap_push's
+ * adjust_room, or a sent unit being rewritten for another path). -1 if the
+ * headers do not lie in the linear data. */
+static __always_inline int encap_write(struct __sk_buff *skb,
+				       const struct mrc_path *path,
+				       const struct mrc_unit *u, __u16 port)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct ethhdr *eth = data;
+	__u32 len = skb->len;
+
+	if (path->family == 4) {
+		struct iphdr *oip = (void *)(eth + 1);
+		struct udphdr *udp = (void *)(oip + 1);
+		struct mrc_hdr *mh = (void *)(udp + 1);
+
+		if ((void *)(mh + 1) > data_end)
+			return -1;
+		write_eth(eth, path, ETH_P_IP);
+		write_ipv4(oip, path, len - ETH_HLEN, u);
+		write_udp(udp, path->ev, port, len - ETH_HLEN - sizeof(*oip));
+		write_mrc(mh, MRC_T_DATA, u);
+	} else {
+		struct ipv6hdr *oip6 = (void *)(eth + 1);
+		struct udphdr *udp = (void *)(oip6 + 1);
+		struct mrc_hdr *mh = (void *)(udp + 1);
+
+		if ((void *)(mh + 1) > data_end)
+			return -1;
+		write_eth(eth, path, ETH_P_IPV6);
+		write_ipv6(oip6, path, len - ETH_HLEN - sizeof(*oip6), u);
+		write_udp(udp, path->ev, port, len - ETH_HLEN - sizeof(*oip6));
+		write_mrc(mh, MRC_T_DATA, u);
+	}
+	return 0;
+}
+
+/*
+ * Encapsulate a unit for `path`: open room between the Ethernet header and
+ * the inner packet, reserve the unit's PSNs from *psn_next, and write all
+ * outer headers. The PSNs are reserved only once the room is there: a PSN
+ * burnt on a failed adjust_room would look like loss to the receiver.
+ *
+ * FIXED_GSO keeps gso_size (the overlay MTU already leaves room for the
+ * overhead); ENCAP_* tell the GSO layer where the outer L3/L4 and our "L2"
+ * (the MRC header) are, so segmentation copies them into every segment.
+ */
+static __always_inline int encap_push(struct __sk_buff *skb,
+				      const struct mrc_path *path,
+				      struct mrc_unit *u, __u16 port,
+				      __u64 *psn_next)
+{
+	__u64 flags = BPF_F_ADJ_ROOM_FIXED_GSO | BPF_F_ADJ_ROOM_ENCAP_L4_UDP |
+		      BPF_F_ADJ_ROOM_ENCAP_L2(MRC_HDR_LEN);
+
+	flags |= path->family == 4 ? BPF_F_ADJ_ROOM_ENCAP_L3_IPV4 :
+				     BPF_F_ADJ_ROOM_ENCAP_L3_IPV6;
+	if (bpf_skb_adjust_room(skb, encap_overhead(path->family),
+				BPF_ADJ_ROOM_MAC, flags))
+		return -1;
+	u->psn = __sync_fetch_and_add(psn_next, u->segs);
+	return encap_write(skb, path, u, port);
+}
+
+/* Turn a probe around in place: swap MACs, addresses and ports, keep
+ * path_id and tx_ts so the prober measures its own path's RTT. The frame
+ * was bounds-checked up to the end of the MRC header. */
+static __always_inline void encap_turn_around(struct mrc_frame *f)
+{
+	struct ethhdr *eth = f->eth;
+	struct udphdr *udp = f->udp;
+	__u8 mac[ETH_ALEN];
+	__be16 port;
+
+	__builtin_memcpy(mac, eth->h_dest, ETH_ALEN);
+	__builtin_memcpy(eth->h_dest, eth->h_source, ETH_ALEN);
+	__builtin_memcpy(eth->h_source, mac, ETH_ALEN);
+
+	if (f->l3.family == 4) {
+		struct iphdr *iph = f->l3.ip4;
+		__be32 a = iph->saddr;
+
+		iph->saddr = iph->daddr;
+		iph->daddr = a;
+		iph->ttl = MRC_TTL;
+		ipv4_csum_set(iph);
+	} else {
+		struct ipv6hdr *ip6h = f->l3.ip6;
+		struct in6_addr a = ip6h->saddr;
+
+		ip6h->saddr = ip6h->daddr;
+		ip6h->daddr = a;
+		ip6h->hop_limit = MRC_TTL;
+	}
+
+	port = udp->source;
+	udp->source = udp->dest;
+	udp->dest = port;
+	udp->check = 0;		/* zero UDP checksum, also IPv6: see write_udp */
+
+	f->mh->ver_type = (MRC_VERSION << MRCH_VERSION_SHIFT) | MRC_T_PROBE_REPLY;
+}
+
+/* Strip the outer IP/UDP/MRC headers, keep the outer MACs and write the
+ * inner packet's ethertype: the kernel receives it on the plane device. */
+static __always_inline int decap_xdp(struct xdp_md *ctx, __u32 overhead,
+				     __u16 inner_proto)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	__u8 dmac[ETH_ALEN], smac[ETH_ALEN];
+
+	if ((void *)(eth + 1) > data_end)
+		return -1;
+	__builtin_memcpy(dmac, eth->h_dest, ETH_ALEN);
+	__builtin_memcpy(smac, eth->h_source, ETH_ALEN);
+	if (bpf_xdp_adjust_head(ctx, overhead))
+		return -1;
+	data = (void *)(long)ctx->data;
+	data_end = (void *)(long)ctx->data_end;
+	eth = data;
+	if ((void *)(eth + 1) > data_end)
+		return -1;
+	__builtin_memcpy(eth->h_dest, dmac, ETH_ALEN);
+	__builtin_memcpy(eth->h_source, smac, ETH_ALEN);
+	eth->h_proto = bpf_htons(inner_proto);
+	return 0;
 }
 
 #endif /* MRC_ENCAP_H */

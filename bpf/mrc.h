@@ -6,6 +6,13 @@
  *
  * Everything on the wire is big-endian. Map values are host-endian except
  * addresses, which stay in network order so they can be copied into headers.
+ *
+ * Every map value field names its writer(s): "agent" is mrcctl (the loader at
+ * `up`, the agent's tasks, operator commands), mrc_tx / mrc_rx the programs,
+ * with the header that holds the write. A field with more than one writer
+ * says so; giving each field one writer is issue #13. The maps themselves
+ * are defined in the header of the concern that owns them (maps.h lists
+ * them).
  */
 #ifndef MRC_H
 #define MRC_H
@@ -91,13 +98,14 @@ enum mrc_reason {
 	MRC_R_MAX		= 18,
 };
 
-/* mrc_cfg: ARRAY[1], instance-wide settings the control plane may change live. */
+/* mrc_cfg: ARRAY[1], instance-wide settings the control plane may change
+ * live. Writer of every field: agent (loader, at `up`). */
 struct mrc_config {
 	__u32	udp_port;	/* host order */
 	__u32	overlay_ifindex;
 	__u32	dead_after_us;	/* evidence older than this: path not used */
 	__u32	flags;		/* MRC_CFG_* */
-	/* path health (bpf/health.h) */
+	/* path health (bpf/judge.h, bpf/hedge.h, bpf/evidence.h) */
 	__u32	hedge_after_us;	/* evidence this late: path suspect, hedge */
 	__u32	recover_probes;	/* consecutive probe replies to recover */
 };
@@ -105,16 +113,23 @@ struct mrc_config {
 #define MRC_CFG_HEDGE		0x02	/* hedged (duplicate) sending on suspect paths */
 #define MRC_CFG_HEDGE_ALL	0x04	/* hedge every unit (duplicate-send mode) */
 
-/* mrc_peers: ARRAY[MRC_MAX_PEERS]. n_paths == 0 marks a free entry. */
+/* mrc_peers: ARRAY[MRC_MAX_PEERS]. n_paths == 0 marks a free entry. Every
+ * field: agent; its writers rewrite the whole entry (loader at `up`, slot
+ * table flips, `mrcctl spray`, the adaptive flowlet gap) and re-check. */
 struct mrc_peer {
-	__u32	n_paths;
-	__u32	table;		/* which of the two slot tables is live (0/1) */
-	__u32	spray_mode;	/* enum mrc_spray */
-	__u32	min_active;	/* ev_min_active */
-	__be32	overlay;	/* the peer's overlay IPv4 address */
-	__u32	ev_base;
+	__u32	n_paths;	/* writer: agent (loader) */
+	__u32	table;		/* which of the two slot tables is live (0/1);
+				 * writer: agent (slot table flips) */
+	__u32	spray_mode;	/* enum mrc_spray; writer: agent (loader,
+				 * `mrcctl spray`) */
+	__u32	min_active;	/* ev_min_active; writer: agent (loader) */
+	__be32	overlay;	/* the peer's overlay IPv4 address; writer:
+				 * agent (loader) */
+	__u32	ev_base;	/* writer: agent (loader) */
 	__u32	flowlet_gap_us;	/* flowlet mode: idle gap after which a flow
-				 * may move to another path (bpf/spray.h) */
+				 * may move to another path (bpf/spray.h);
+				 * writer: agent (loader, adaptive gap,
+				 * `mrcctl spray`) */
 };
 
 enum mrc_spray {
@@ -126,93 +141,136 @@ enum mrc_spray {
 /*
  * mrc_slots: ARRAY[MRC_MAX_PEERS * 2], index peer * 2 + table. The control
  * plane fills the idle table, then flips mrc_peer.table: spraying never sees
- * a half-written table.
+ * a half-written table. Writer: agent (slot table builds) only.
  */
 struct mrc_slots {
 	__u32	n;		/* slots in use, 1..MRC_SLOTS */
 	__u8	slot[MRC_SLOTS];	/* path index */
 };
 
-/* mrc_paths: ARRAY[MRC_MAX_PEERS * MRC_MAX_PATHS], written by the control plane. */
+/* mrc_paths: ARRAY[MRC_MAX_PEERS * MRC_MAX_PATHS], written by the control
+ * plane only. Its writers rewrite the whole entry (read-modify-write), so
+ * one can undo another's field (issue #13). */
 struct mrc_path {
-	__u32	ifindex;	/* plane device */
-	__u16	ev;		/* outer UDP source port, host order */
-	__u8	family;		/* 4 or 6 */
-	__u8	plane;		/* plane index */
-	__u8	smac[6];
-	__u8	dmac[6];
-	__be32	saddr[4];	/* IPv4 uses [0] */
-	__be32	daddr[4];
-	__u32	weight;
-	__u32	admin;		/* MRC_PATH_DENIED when the operator denied it */
+	__u32	ifindex;	/* plane device; writer: agent (loader) */
+	__u16	ev;		/* outer UDP source port, host order; writer:
+				 * agent (loader) */
+	__u8	family;		/* 4 or 6; writer: agent (loader) */
+	__u8	plane;		/* plane index; writer: agent (loader) */
+	__u8	smac[6];	/* writer: agent (loader) */
+	__u8	dmac[6];	/* writers: agent (loader, neighbours task) */
+	__be32	saddr[4];	/* IPv4 uses [0]; writer: agent (loader) */
+	__be32	daddr[4];	/* writer: agent (loader) */
+	__u32	weight;		/* writers: agent (loader, adaptive weights) */
+	__u32	admin;		/* MRC_PATH_DENIED when the operator denied it;
+				 * writers: operator (`mrcctl path deny/allow`),
+				 * agent (loader keeps it across `up`) */
 };
 
-/* mrc_live: ARRAY[MRC_MAX_PEERS * MRC_MAX_PATHS], written by the datapath. */
+/*
+ * mrc_live: ARRAY[MRC_MAX_PEERS * MRC_MAX_PATHS], written by the datapath,
+ * shared by all CPUs. The agent also writes whole entries: a fresh one at
+ * `up` (loader, last_ack_ns = now) and state/bad_ns/probe_ok when a plane
+ * goes down or probes go unanswered (health task), overwriting what the
+ * datapath wrote meanwhile (issue #13).
+ */
 struct mrc_path_live {
 	__u64	last_ack_ns;	/* sender: newest evidence that this path delivers,
 				 * dated by the evidence's send time: when the
 				 * newest probe/data known delivered was sent
-				 * (now - its echoed RTT), never moved back */
-	__u64	last_rx_ns;	/* receiver: newest packet received on this path */
-	__u32	last_rx_ts;	/* receiver: that packet's tx_ts, to echo back */
-	__u32	state;		/* enum mrc_path_state */
-	__u32	srtt_us;	/* smoothed RTT from echoes and probes */
-	__u32	rtt_us;		/* last RTT sample */
-	/* path health (bpf/health.h) */
+				 * (now - its echoed RTT), never moved back;
+				 * writer: mrc_rx (evidence.h) */
+	__u64	last_rx_ns;	/* receiver: newest packet received on this
+				 * path; writer: mrc_rx (feedback.h) */
+	__u32	last_rx_ts;	/* receiver: that packet's tx_ts, to echo back;
+				 * writer: mrc_rx (feedback.h) */
+	__u32	state;		/* enum mrc_path_state; writers (CAS between
+				 * the programs): mrc_tx (judge.h, GOOD ->
+				 * ASSUMED_BAD), mrc_rx (evidence.h, back to
+				 * GOOD), agent (health: link down, probe loss) */
+	__u32	srtt_us;	/* smoothed RTT from echoes and probes; writer:
+				 * mrc_rx (evidence.h) */
+	__u32	rtt_us;		/* last RTT sample; writer: mrc_rx (evidence.h) */
+	/* path health (bpf/judge.h, bpf/evidence.h) */
 	__u64	unacked_ns;	/* sender: send time of the oldest unit not yet
 				 * covered by evidence; 0 or <= last_ack_ns:
-				 * nothing outstanding */
-	__u64	bad_ns;		/* when it last left GOOD */
-	__u64	good_ns;	/* when it last returned to GOOD */
-	__u32	probe_seq;	/* sequence number of the newest probe reply */
-	__u32	probe_ok;	/* consecutive probe replies while ASSUMED_BAD */
-	__u32	flaps;		/* quick GOOD -> BAD relapses (damping level) */
-	__u32	fb_echoed;	/* receiver: last_rx_ts value already echoed */
-	__u64	ev_rx_ns;	/* sender: when new evidence last arrived */
-	__u32	ev_gap_us;	/* sender: smoothed time between new evidence */
+				 * nothing outstanding; writers: mrc_tx
+				 * (judge.h), mrc_rx (evidence.h: 0 on
+				 * recovery) */
+	__u64	bad_ns;		/* when it last left GOOD; writers: mrc_tx
+				 * (judge.h), agent (health) */
+	__u64	good_ns;	/* when it last returned to GOOD; writer:
+				 * mrc_rx (evidence.h) */
+	__u32	probe_seq;	/* sequence number of the newest probe reply;
+				 * writer: mrc_rx (evidence.h) */
+	__u32	probe_ok;	/* consecutive probe replies while ASSUMED_BAD;
+				 * writers: mrc_rx (evidence.h), mrc_tx
+				 * (judge.h: 0 on retirement), agent (health) */
+	__u32	flaps;		/* quick GOOD -> BAD relapses (damping level);
+				 * writer: mrc_tx (judge.h) */
+	__u32	fb_echoed;	/* receiver: last_rx_ts value already echoed;
+				 * writer: mrc_tx (feedback.h) */
+	__u64	ev_rx_ns;	/* sender: when new evidence last arrived;
+				 * writer: mrc_rx (evidence.h) */
+	__u32	ev_gap_us;	/* sender: smoothed time between new evidence;
+				 * writer: mrc_rx (evidence.h) */
 	__u32	ev_rtt_us;	/* sender: smoothed send-to-evidence delay, from
 				 * new evidence only (srtt_us also takes repeated
 				 * echoes of an old receipt, which a dead path
-				 * keeps getting) */
-	__u64	ev_ack_ns;	/* sender: last_ack_ns when last looked at */
+				 * keeps getting); writer: mrc_rx (evidence.h) */
+	__u64	ev_ack_ns;	/* sender: last_ack_ns when last looked at;
+				 * writer: mrc_rx (evidence.h) */
 	__u64	strike_ns;	/* sender: first overdue verdict, waiting for a
-				 * second one (0: none) */
+				 * second one (0: none); writer: mrc_tx
+				 * (judge.h) */
 	__u32	last_rx_unit;	/* receiver: PSN of the unit last_rx_ts came
-				 * from (its segments share one header) */
+				 * from (its segments share one header);
+				 * writer: mrc_rx (feedback.h) */
 	__u32	rsvd;
 };
 
-/* mrc_peer_seq: ARRAY[MRC_MAX_PEERS], shared by all CPUs, atomically updated. */
+/* mrc_peer_seq: ARRAY[MRC_MAX_PEERS], shared by all CPUs. Only the
+ * datapath writes it, but both programs write this one cache line. */
 struct mrc_peer_seq {
-	__u64	psn;		/* next PSN to send */
-	__u64	cursor;		/* spray slot cursor */
-	__u64	fb_cursor;	/* which path to echo next */
+	__u64	psn;		/* next PSN to send; writer: mrc_tx (encap.h,
+				 * atomic) */
+	__u64	cursor;		/* spray slot cursor; writer: mrc_tx (spray.h,
+				 * atomic) */
+	__u64	fb_cursor;	/* which path to echo next; writer: mrc_tx
+				 * (feedback.h) */
 	__u64	rx_psn_max;	/* receiver: highest wire PSN seen (a 32-bit
-				 * wire PSN, compared wrap-safe) */
+				 * wire PSN, compared wrap-safe); writer:
+				 * mrc_rx (reorder.h) */
 	__u64	ack_max_ns;	/* sender: newest last_ack_ns of any path to
-				 * this peer (bpf/health.h) */
-	__u32	ack_max_path;	/* sender: the path that confirmed it */
+				 * this peer; writer: mrc_rx (evidence.h) */
+	__u32	ack_max_path;	/* sender: the path that confirmed it; writer:
+				 * mrc_rx (evidence.h) */
 	__u32	rsvd;
 };
 
 /* mrc_path_stats: PERCPU_ARRAY[MRC_MAX_PEERS * MRC_MAX_PATHS]. */
 struct mrc_path_stats {
-	__u64	tx_packets;	/* wire packets (GSO segments counted) */
-	__u64	tx_bytes;
-	__u64	rx_packets;
-	__u64	rx_bytes;
-	__u64	rx_ooo;		/* arrived below the highest PSN seen */
-	__u64	rx_dup;
-	__u64	probes_tx;
-	__u64	probes_rx;	/* replies received */
+	__u64	tx_packets;	/* wire packets (GSO segments counted); writer:
+				 * mrc_tx (tx.bpf.c, hedge.h) */
+	__u64	tx_bytes;	/* writer: mrc_tx (tx.bpf.c, hedge.h) */
+	__u64	rx_packets;	/* writer: mrc_rx (rx.bpf.c) */
+	__u64	rx_bytes;	/* writer: mrc_rx (rx.bpf.c) */
+	__u64	rx_ooo;		/* arrived below the highest PSN seen; writer:
+				 * mrc_rx (reorder.h) */
+	__u64	rx_dup;		/* writer: mrc_rx (reorder.h) */
+	__u64	probes_tx;	/* writer: none yet (reads 0) */
+	__u64	probes_rx;	/* replies received; writer: mrc_rx (rx.bpf.c) */
 	/* receiver reorder accounting (bpf/reorder.h) */
 	__u64	rx_late;	/* older than the reorder window: counted lost
-				 * when the window passed, then arrived */
+				 * when the window passed, then arrived;
+				 * writer: mrc_rx (reorder.h) */
 	__u64	tx_steered;	/* of tx_packets: TCP retransmissions sent here
-				 * as the freshest path, not by the slot table */
+				 * as the freshest path, not by the slot table;
+				 * writer: mrc_tx (tx.bpf.c) */
 	__u64	rx_ooo_hist[MRC_PATH_HIST];	/* out-of-order arrivals by
 				 * distance below the highest PSN: bucket b
-				 * holds 2^b..2^(b+1)-1, the last one more */
+				 * holds 2^b..2^(b+1)-1, the last one more;
+				 * writer: mrc_rx (reorder.h) */
 };
 
 /*
@@ -231,7 +289,8 @@ struct mrc_rx_win {
 	__u64	bits[MRC_WIN_WORDS];
 };
 
-/* mrc_reorder: PERCPU_ARRAY[MRC_MAX_PEERS], per peer. */
+/* mrc_reorder: PERCPU_ARRAY[MRC_MAX_PEERS], per peer. Writer of every
+ * field: mrc_rx (reorder.h); mrc_rx_win likewise. */
 struct mrc_reorder {
 	__u64	rx_packets;	/* data packets accounted */
 	__u64	ooo;		/* arrived below the highest PSN seen */
@@ -249,7 +308,8 @@ struct mrc_reorder {
  * mrc_path_delay: ARRAY[MRC_MAX_PEERS * MRC_MAX_PATHS], sender side: RTT of
  * our path from the peer's feedback echoes, counting only echoes of a newer
  * packet than the last (a re-echo of an old timestamp is no sample). What
- * the adaptive weights (mrcctl/weights.py) steer by.
+ * the adaptive weights (mrcctl/weights.py) steer by. Writer of every field:
+ * mrc_rx (evidence.h).
  */
 struct mrc_path_delay {
 	__u64	samples;	/* fresh echoes */
@@ -259,7 +319,8 @@ struct mrc_path_delay {
 	__u32	rsvd;
 };
 
-/* mrc_flowlets: LRU_HASH, flowlet spraying state of one inner flow. */
+/* mrc_flowlets: LRU_HASH, flowlet spraying state of one inner flow. Writer
+ * of every field: mrc_tx (spray.h). */
 struct mrc_flowlet_key {
 	__u32	peer;
 	__u32	hash;		/* inner 5-tuple hash */
@@ -271,11 +332,14 @@ struct mrc_flowlet {
 	__u32	moves;		/* flowlets started after an idle gap */
 };
 
-/* mrc_drops: PERCPU_ARRAY[MRC_R_MAX] of __u64 packets. */
+/* mrc_drops: PERCPU_ARRAY[MRC_R_MAX] of __u64 packets. Writers: mrc_tx,
+ * mrc_rx, each from its one exit (tx_exit, rx_exit). */
 
-/* mrc_peer_ip: HASH overlay IPv4 (network order) -> peer index (__u32). */
+/* mrc_peer_ip: HASH overlay IPv4 (network order) -> peer index (__u32).
+ * Writer: agent (loader). */
 
-/* mrc_rx_peers: HASH, which source may send MRC on which plane. */
+/* mrc_rx_peers: HASH, which source may send MRC on which plane. Writer:
+ * agent (loader). */
 struct mrc_rx_key {
 	__u32	ifindex;
 	__u32	family;		/* 4 or 6 */
@@ -288,7 +352,7 @@ struct mrc_rx_peer {
 };
 
 /*
- * Path health (bpf/health.h, mrcctl/health.py).
+ * Path health (bpf/judge.h, bpf/evidence.h, mrcctl/health.py).
  *
  * mrc_events: RINGBUF of struct mrc_event, one per path state change made
  * by the datapath (the agent logs its own changes directly).
@@ -319,7 +383,7 @@ struct mrc_event {
  * holds, in one __u64 updated by compare-and-swap, the tag psn >> 5 in the
  * high 32 bits and a bit per PSN of that block of 32 in the low 32 bits: a
  * test-and-set that is exact across CPUs for the last
- * MRC_DEDUP_WORDS * 32 PSNs.
+ * MRC_DEDUP_WORDS * 32 PSNs. Writer: mrc_rx (dedup.h).
  */
 #define MRC_DEDUP_WORDS		512	/* window: 16384 wire PSNs */
 struct mrc_dedup {
@@ -330,9 +394,9 @@ struct mrc_dedup {
  * mrc_tx_flows: ARRAY[MRC_MAX_PEERS], sender side: per inner TCP flow (hashed
  * into MRC_TX_FLOWS slots) the flow's hash in the high 32 bits and the end
  * of the highest sequence sent in the low 32 bits, one __u64 per slot. A unit
- * that ends at or below it is a retransmission (bpf/health.h). TCP sends a
+ * that ends at or below it is a retransmission (bpf/retx.h). TCP sends a
  * flow from one CPU at a time (socket lock), so plain stores suffice; a
- * slot two flows share only costs a misjudged unit.
+ * slot two flows share only costs a misjudged unit. Writer: mrc_tx (retx.h).
  */
 #define MRC_TX_FLOWS		64
 struct mrc_tx_flows {
@@ -341,15 +405,23 @@ struct mrc_tx_flows {
 
 /* mrc_hstats: PERCPU_ARRAY[1]. */
 struct mrc_hstats {
-	__u64	hedged;		/* units sent twice */
-	__u64	hedge_no_path;	/* suspect unit with no GOOD partner path */
-	__u64	dedup_drops;	/* hedged wire packets dropped as duplicates */
-	__u64	dead;		/* GOOD -> ASSUMED_BAD by the tx judgement */
-	__u64	recovered;	/* ASSUMED_BAD -> GOOD by probes */
-	__u64	min_active_held;	/* dead paths kept for ev_min_active */
-	__u64	fallback;	/* units sent on a non-GOOD path (no GOOD one) */
-	__u64	events_lost;	/* ring buffer full */
-	__u64	retx_steered;	/* TCP retransmissions sent on the freshest path */
+	__u64	hedged;		/* units sent twice; writer: mrc_tx (hedge.h) */
+	__u64	hedge_no_path;	/* suspect unit with no GOOD partner path;
+				 * writer: none yet (reads 0) */
+	__u64	dedup_drops;	/* hedged wire packets dropped as duplicates;
+				 * writer: mrc_rx (dedup.h) */
+	__u64	dead;		/* GOOD -> ASSUMED_BAD by the tx judgement;
+				 * writer: mrc_tx (judge.h) */
+	__u64	recovered;	/* ASSUMED_BAD -> GOOD by probes; writer:
+				 * mrc_rx (evidence.h) */
+	__u64	min_active_held;	/* dead paths kept for ev_min_active;
+				 * writer: mrc_tx (judge.h) */
+	__u64	fallback;	/* units sent on a non-GOOD path (no GOOD one);
+				 * writer: mrc_tx (judge.h) */
+	__u64	events_lost;	/* ring buffer full; writers: mrc_tx, mrc_rx
+				 * (events.h), per CPU */
+	__u64	retx_steered;	/* TCP retransmissions sent on the freshest
+				 * path; writer: mrc_tx (tx.bpf.c) */
 };
 
 #endif /* MRC_H */

@@ -1,29 +1,62 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /*
- * Header parsing in the xdp-tools parsing_helpers.h style: a cursor walks
- * the packet, each parse_* checks that the whole header lies before
- * data_end (the verifier insists, and so does a hostile sender), advances
- * the cursor and returns the header's next-protocol value, or -1 when the
- * packet is too short.
+ * Header parsing, one parser for both programs (xdp-tools parsing_helpers.h
+ * style): a cursor walks the packet, each parse_* checks that the header
+ * lies before data_end (the verifier insists, and so does a hostile sender)
+ * and advances the cursor.
+ *
+ * parse_l3() fills a family-neutral descriptor (struct l3_desc) for the outer
+ * header mrc_rx receives and for the inner packet both programs carry. What a
+ * caller accepts is policy, passed as L3_F_* flags, not a second parser:
+ *   mrc_rx outer  L3_F_IPV4 | L3_F_IPV6 | L3_F_V6_FRAG
+ *   mrc_tx inner  L3_F_IPV4 | L3_F_WHOLE
+ *   mrc_rx inner  L3_F_IPV4
+ * Carrying inner IPv6 means adding L3_F_IPV6 to the two inner calls (and
+ * choosing the inner ethertype from the version nibble on receive): the
+ * descriptor already holds what encapsulation and spraying read.
  */
 #ifndef MRC_PARSING_H
 #define MRC_PARSING_H
 
+#include <stdbool.h>
 #include <linux/types.h>
 #include <linux/if_ether.h>
+#include <linux/in.h>
 #include <linux/ip.h>
 #include <linux/ipv6.h>
 #include <linux/udp.h>
 #include <linux/tcp.h>
 #include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+
+/* IPv4 frag_off, host order (compare against bpf_htons() of these) */
+#define IPV4_DF			0x4000
+#define IPV4_MF			0x2000
+#define IPV4_OFFSET_MASK	0x1fff
+#define IPV4_FRAG_MASK		(IPV4_MF | IPV4_OFFSET_MASK)	/* any fragment */
+#define IPV4_MIN_IHL		5
+/* IPv6 fragment header */
+#define IPV6_NEXTHDR_FRAGMENT	44
+#define IPV6_FRAG_OFFSET_MASK	0xfff8
+#define IPV6_FLOWLABEL_MASK	0xfffff
+/* The traffic class byte: DSCP in the high 6 bits, ECN in the low 2. */
+#define IP_DSCP_MASK		0xfc
+#define IP_TCLASS_LO_MASK	0x0f	/* low nibble of the IPv6 traffic class */
 
 struct hdr_cursor {
 	void *pos;
 };
 
-/* Returns the ethertype in network order. VLAN tags are not walked: mrc
- * never sends tagged frames, so a tagged frame is someone else's and the
- * caller passes it on untouched. */
+struct ip6_frag {
+	__u8	nexthdr;
+	__u8	reserved;
+	__be16	frag_off;
+	__be32	identification;
+};
+
+/* Returns the ethertype in network order, or -1 when cut short. VLAN tags
+ * are not walked: mrc never sends tagged frames, so a tagged frame is
+ * someone else's and the caller passes it on untouched. */
 static __always_inline int parse_ethhdr(struct hdr_cursor *nh, void *data_end,
 					struct ethhdr **ethhdr)
 {
@@ -36,43 +69,117 @@ static __always_inline int parse_ethhdr(struct hdr_cursor *nh, void *data_end,
 	return eth->h_proto;
 }
 
-/* Returns the IP protocol. Accepts options (ihl > 5) and walks past them;
- * whether options are acceptable is the caller's policy. */
-static __always_inline int parse_iphdr(struct hdr_cursor *nh, void *data_end,
-				       struct iphdr **iphdr)
-{
-	struct iphdr *iph = nh->pos;
-	int hdrsize;
+/* Policy for parse_l3(). */
+#define L3_F_IPV4	0x01	/* accept IPv4 */
+#define L3_F_IPV6	0x02	/* accept IPv6 */
+#define L3_F_V6_FRAG	0x04	/* walk an IPv6 fragment header to the L4 protocol */
+#define L3_F_WHOLE	0x08	/* IPv4 options must lie in the frame too (else
+				 * the fixed header is enough: mrc_rx looks at
+				 * the L4 header through its own bounds check,
+				 * and counts a cut non-first fragment as one) */
 
-	if ((void *)(iph + 1) > data_end)
-		return -1;
-	if (iph->version != 4)
-		return -1;
-	hdrsize = iph->ihl * 4;
-	/* ihl < 5 is malformed; also keeps the cursor moving forward */
-	if (hdrsize < (int)sizeof(*iph))
-		return -1;
-	if (nh->pos + hdrsize > data_end)
-		return -1;
-	nh->pos += hdrsize;
-	*iphdr = iph;
-	return iph->protocol;
+enum l3_status {
+	L3_OK		= 0,
+	L3_SHORT	= -1,	/* header cut short */
+	L3_BAD		= -2,	/* version nibble or IHL wrong */
+	L3_UNSUPPORTED	= -3,	/* not IP, or a family the flags exclude */
+};
+
+enum l3_frag {
+	L3_FRAG_NONE	= 0,
+	L3_FRAG_FIRST	= 1,	/* offset 0, more to come: holds the L4 header */
+	L3_FRAG_LATER	= 2,	/* no L4 header to look at */
+};
+
+struct l3_desc {
+	union {
+		void		*hdr;
+		struct iphdr	*ip4;
+		struct ipv6hdr	*ip6;
+	};
+	void	*l4;		/* first byte after L3 (and the fragment header) */
+	__u32	len;		/* bytes the header claims: L3 header + payload */
+	__u16	hdr_len;	/* L3 header: IPv4 with options, IPv6 + fragment header */
+	__u8	family;		/* 4 or 6 */
+	__u8	proto;		/* L4 protocol (after an IPv6 fragment header) */
+	__u8	frag;		/* enum l3_frag */
+	__u8	tos;		/* traffic class: DSCP << 2 | ECN */
+};
+
+static __always_inline int parse_l3(struct hdr_cursor *nh, void *data_end,
+				    int eth_proto, __u32 flags, struct l3_desc *d)
+{
+	if ((flags & L3_F_IPV4) && eth_proto == bpf_htons(ETH_P_IP)) {
+		struct iphdr *iph = nh->pos;
+
+		if ((void *)(iph + 1) > data_end)
+			return L3_SHORT;
+		/* ihl < 5 is malformed; also keeps the cursor moving forward */
+		if (iph->version != 4 || iph->ihl < IPV4_MIN_IHL)
+			return L3_BAD;
+		d->ip4 = iph;
+		d->family = 4;
+		d->proto = iph->protocol;
+		d->tos = iph->tos;
+		d->hdr_len = iph->ihl * 4;
+		d->len = bpf_ntohs(iph->tot_len);
+		if (iph->frag_off & bpf_htons(IPV4_OFFSET_MASK))
+			d->frag = L3_FRAG_LATER;
+		else if (iph->frag_off & bpf_htons(IPV4_MF))
+			d->frag = L3_FRAG_FIRST;
+		else
+			d->frag = L3_FRAG_NONE;
+		d->l4 = (void *)iph + d->hdr_len;
+		if ((flags & L3_F_WHOLE) && d->l4 > data_end)
+			return L3_SHORT;
+		nh->pos = d->l4;
+		return L3_OK;
+	}
+	if ((flags & L3_F_IPV6) && eth_proto == bpf_htons(ETH_P_IPV6)) {
+		struct ipv6hdr *ip6h = nh->pos;
+
+		if ((void *)(ip6h + 1) > data_end)
+			return L3_SHORT;
+		if (ip6h->version != 6)
+			return L3_BAD;
+		d->ip6 = ip6h;
+		d->family = 6;
+		d->proto = ip6h->nexthdr;
+		d->tos = ip6h->priority << 4 | ip6h->flow_lbl[0] >> 4;
+		d->hdr_len = sizeof(*ip6h);
+		d->len = sizeof(*ip6h) + bpf_ntohs(ip6h->payload_len);
+		d->frag = L3_FRAG_NONE;
+		d->l4 = ip6h + 1;
+		/* Other extension headers are not walked: mrc never sends
+		 * them, so their L4 protocol reads as "not UDP". */
+		if ((flags & L3_F_V6_FRAG) &&
+		    ip6h->nexthdr == IPV6_NEXTHDR_FRAGMENT) {
+			struct ip6_frag *fh = (void *)(ip6h + 1);
+
+			if ((void *)(fh + 1) > data_end)
+				return L3_SHORT;
+			d->proto = fh->nexthdr;
+			d->frag = fh->frag_off & bpf_htons(IPV6_FRAG_OFFSET_MASK) ?
+					  L3_FRAG_LATER : L3_FRAG_FIRST;
+			d->hdr_len += sizeof(*fh);
+			d->l4 = fh + 1;
+		}
+		nh->pos = d->l4;
+		return L3_OK;
+	}
+	return L3_UNSUPPORTED;
 }
 
-/* Returns the next header; extension headers are not walked (see rx.bpf.c
- * for the policy on them). */
-static __always_inline int parse_ip6hdr(struct hdr_cursor *nh, void *data_end,
-					struct ipv6hdr **ip6hdr)
+/* IPv4 options are someone else's business on the outer header: mrc sends
+ * none. (The IPv6 fragment header is a fragment, not an option.) */
+static __always_inline bool l3_has_options(const struct l3_desc *d)
 {
-	struct ipv6hdr *ip6h = nh->pos;
+	return d->family == 4 && d->hdr_len != sizeof(struct iphdr);
+}
 
-	if ((void *)(ip6h + 1) > data_end)
-		return -1;
-	if (ip6h->version != 6)
-		return -1;
-	nh->pos = ip6h + 1;
-	*ip6hdr = ip6h;
-	return ip6h->nexthdr;
+static __always_inline __u16 l3_ethertype(const struct l3_desc *d)
+{
+	return d->family == 4 ? ETH_P_IP : ETH_P_IPV6;
 }
 
 /* Returns the UDP length field (host order) or -1. */

@@ -31,7 +31,28 @@
 #ifndef MRC_REORDER_H
 #define MRC_REORDER_H
 
-#include "maps.h"
+#include <stdbool.h>
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+#include "mrc.h"
+
+/* Window per peer, shared by all CPUs (PSNs of one peer arrive on every
+ * CPU). Writer: mrc_rx (reorder.h) only. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MRC_MAX_PEERS);
+	__type(key, __u32);
+	__type(value, struct mrc_rx_win);
+} mrc_rx_win SEC(".maps");
+
+/* Per-CPU reorder/loss counters and histogram per peer. Writer: mrc_rx
+ * (reorder.h) only. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, MRC_MAX_PEERS);
+	__type(key, __u32);
+	__type(value, struct mrc_reorder);
+} mrc_reorder SEC(".maps");
 
 /* A wire PSN this far from the highest seen is not reordering but a
  * restarted sender: start a fresh window. */
@@ -198,35 +219,6 @@ static __always_inline int reorder_account(__u32 peer_idx, __u32 psn,
 	if (d < 0)
 		ro_ooo(ro, st, (__u32)-d);
 	return RO_NEW;
-}
-
-/*
- * Sender side: the peer echoed fb_ts, the send time of the newest packet it
- * received on our path `path`. Only an echo of a newer packet than the last
- * is a sample: the peer may echo the same timestamp again while nothing new
- * arrived, and those ages measure idleness, not delay.
- */
-static __always_inline void delay_sample(__u32 peer_idx, __u32 path, __u32 now_us,
-					 __u32 fb_ts)
-{
-	struct mrc_path_delay *d;
-	__u32 idx, rtt;
-
-	if (peer_idx >= MRC_MAX_PEERS || path >= MRC_MAX_PATHS)
-		return;
-	idx = MRC_PATH_IDX(peer_idx, path);
-	d = bpf_map_lookup_elem(&mrc_path_delay, &idx);
-	if (!d)
-		return;
-	if (d->samples && (__s32)(fb_ts - d->last_fb_ts) <= 0)
-		return;
-	rtt = now_us - fb_ts;
-	if (rtt > 4000000)	/* a stale or wrapped timestamp */
-		return;
-	d->last_fb_ts = fb_ts;
-	d->rtt_us = rtt;
-	d->ewma_us = d->samples ? d->ewma_us - (d->ewma_us >> 2) + (rtt >> 2) : rtt;
-	d->samples += 1;
 }
 
 #endif /* MRC_REORDER_H */

@@ -19,9 +19,30 @@
 #ifndef MRC_SPRAY_H
 #define MRC_SPRAY_H
 
+#include <linux/bpf.h>
 #include <linux/in.h>
-#include "maps.h"
+#include "mrc.h"
 #include "parsing.h"
+
+/* Two slot tables per peer (peer * 2 + table). Writer: agent (mrcctl
+ * loader / weights): it fills the idle one and flips mrc_peer.table, so
+ * spraying never sees a half-written table. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MRC_MAX_PEERS * 2);
+	__type(key, __u32);
+	__type(value, struct mrc_slots);
+} mrc_slots SEC(".maps");
+
+/* Flowlet spraying: inner flow -> its current slot. LRU, so idle flows age
+ * out without the control plane. Writer: mrc_tx (spray.h) only. */
+#define MRC_FLOWLETS		65536
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, MRC_FLOWLETS);
+	__type(key, struct mrc_flowlet_key);
+	__type(value, struct mrc_flowlet);
+} mrc_flowlets SEC(".maps");
 
 /* flowlet gap when the control plane has not set one */
 #define SPRAY_DEFAULT_GAP_US	500
@@ -43,14 +64,16 @@ static __always_inline __u32 spray_mix(__u32 h)
 
 /* Hash of the inner flow: addresses, protocol and, for the first fragment
  * or an unfragmented TCP/UDP packet, the ports. Non-first fragments lack
- * ports and hash by addresses only, as routers do. */
-static __always_inline __u32 spray_flow_hash(const struct iphdr *iph, void *data_end)
+ * ports and hash by addresses only, as routers do. Inner IPv4 only for now
+ * (parsing.h): inner IPv6 would fold its addresses in here. */
+static __always_inline __u32 spray_flow_hash(const struct l3_desc *d, void *data_end)
 {
-	__u32 h = spray_mix(iph->saddr ^ spray_mix(iph->daddr ^ iph->protocol));
+	const struct iphdr *iph = d->ip4;
+	__u32 h = spray_mix(iph->saddr ^ spray_mix(iph->daddr ^ d->proto));
 
-	if ((iph->protocol == IPPROTO_TCP || iph->protocol == IPPROTO_UDP) &&
-	    !(iph->frag_off & bpf_htons(0x1fff))) {
-		__u32 *ports = (void *)iph + iph->ihl * 4;
+	if ((d->proto == IPPROTO_TCP || d->proto == IPPROTO_UDP) &&
+	    d->frag != L3_FRAG_LATER) {
+		__u32 *ports = d->l4;
 
 		if ((void *)(ports + 1) <= data_end)
 			h = spray_mix(h ^ *ports);
@@ -58,10 +81,28 @@ static __always_inline __u32 spray_flow_hash(const struct iphdr *iph, void *data
 	return h;
 }
 
+/* The peer's live slot table and its length clamped to 1..MRC_SLOTS. */
+static __always_inline struct mrc_slots *spray_table(__u32 peer_idx,
+						     const struct mrc_peer *peer,
+						     __u32 *n)
+{
+	__u32 idx = peer_idx * 2 + (peer->table & 1);
+	struct mrc_slots *slots = bpf_map_lookup_elem(&mrc_slots, &idx);
+
+	if (!slots)
+		return NULL;
+	*n = slots->n;
+	if (*n < 1)
+		*n = 1;
+	if (*n > MRC_SLOTS)
+		*n = MRC_SLOTS;
+	return slots;
+}
+
 static __always_inline __u32 spray_start(struct spray_state *sp,
 					 const struct mrc_peer *peer, __u32 peer_idx,
 					 struct mrc_peer_seq *seq,
-					 const struct iphdr *iph, void *data_end,
+					 const struct l3_desc *d, void *data_end,
 					 __u32 n, __u64 now)
 {
 	struct mrc_flowlet_key key;
@@ -70,14 +111,14 @@ static __always_inline __u32 spray_start(struct spray_state *sp,
 
 	sp->fl = NULL;
 	if (peer->spray_mode == MRC_SPRAY_HASH)
-		return spray_flow_hash(iph, data_end) % n;
+		return spray_flow_hash(d, data_end) % n;
 	if (peer->spray_mode != MRC_SPRAY_FLOWLET)
 		/* 32-bit modulo: cheaper than 64-bit; the wrap of the low word
 		 * costs at most one out-of-turn slot every 2^32 units. */
 		return (__u32)__sync_fetch_and_add(&seq->cursor, 1) % n;
 
 	key.peer = peer_idx;
-	key.hash = spray_flow_hash(iph, data_end);
+	key.hash = spray_flow_hash(d, data_end);
 	gap_ns = (__u64)(peer->flowlet_gap_us ? peer->flowlet_gap_us :
 						SPRAY_DEFAULT_GAP_US) * 1000;
 	fl = bpf_map_lookup_elem(&mrc_flowlets, &key);

@@ -1,12 +1,43 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
-/* Counters: per-CPU, so the hot path needs no atomics. */
+/*
+ * Counters: per-CPU, so the hot path needs no atomics; the agent sums the
+ * CPUs when it reads them. Only the datapath writes them.
+ */
 #ifndef MRC_STATS_H
 #define MRC_STATS_H
 
-#include "maps.h"
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+#include "mrc.h"
+#include "path.h"
+
+/* Packets by enum mrc_reason. Writer: mrc_tx / mrc_rx, each from its one
+ * exit (tx_exit, rx_exit) and nowhere else. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, MRC_R_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+} mrc_drops SEC(".maps");
+
+/* Per path; writers per field in mrc.h struct mrc_path_stats. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, MRC_N_PATH_ENTRIES);
+	__type(key, __u32);
+	__type(value, struct mrc_path_stats);
+} mrc_path_stats SEC(".maps");
+
+/* Path health, [0] only; writers per field in mrc.h struct mrc_hstats. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct mrc_hstats);
+} mrc_hstats SEC(".maps");
 
 /* Count one packet against enum mrc_reason (drops and verdicts). */
-static __always_inline void count_drop(__u32 reason)
+static __always_inline void count_reason(__u32 reason)
 {
 	__u64 *c = bpf_map_lookup_elem(&mrc_drops, &reason);
 
@@ -17,38 +48,23 @@ static __always_inline void count_drop(__u32 reason)
 /* The per-CPU counters of path `path` toward peer `peer`, or NULL. */
 static __always_inline struct mrc_path_stats *path_stats(__u32 peer, __u32 path)
 {
-	__u32 idx;
-
-	if (peer >= MRC_MAX_PEERS || path >= MRC_MAX_PATHS)
-		return NULL;
-	idx = MRC_PATH_IDX(peer, path);
-	return bpf_map_lookup_elem(&mrc_path_stats, &idx);
+	return path_entry(&mrc_path_stats, peer, path);
 }
 
-/* Shared (all-CPU) liveness state of one path, or NULL. */
-static __always_inline struct mrc_path_live *path_live(__u32 peer, __u32 path)
+static __always_inline struct mrc_hstats *health_stats(void)
 {
-	__u32 idx;
+	__u32 zero = 0;
 
-	if (peer >= MRC_MAX_PEERS || path >= MRC_MAX_PATHS)
-		return NULL;
-	idx = MRC_PATH_IDX(peer, path);
-	return bpf_map_lookup_elem(&mrc_live, &idx);
+	return bpf_map_lookup_elem(&mrc_hstats, &zero);
 }
 
-/* RTT bookkeeping shared by probe replies and feedback echoes: last sample
- * and a smoothed value (EWMA with gain 1/8, as TCP's SRTT). The first
- * sample seeds srtt. Racy across CPUs; a lost update only costs a sample. */
-static __always_inline void rtt_sample(struct mrc_path_live *live, __u32 rtt_us)
-{
-	__u32 srtt = live->srtt_us;
-
-	live->rtt_us = rtt_us;
-	if (srtt == 0)
-		srtt = rtt_us ? rtt_us : 1;
-	else
-		srtt = srtt - (srtt >> 3) + (rtt_us >> 3);
-	live->srtt_us = srtt;
-}
+/* Bump one health counter, e.g. HSTAT_INC(hedged). */
+#define HSTAT_INC(field)					\
+	do {							\
+		struct mrc_hstats *__hs = health_stats();	\
+								\
+		if (__hs)					\
+			__hs->field += 1;			\
+	} while (0)
 
 #endif /* MRC_STATS_H */

@@ -15,14 +15,13 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import unit_pkt as pkt
-from unit_dp import LOCAL_OVERLAY, OVL_DMAC, OVL_SMAC, PATHS, PEER, PEER_OVERLAY, UDP_PORT
+from unit_dp import (LOCAL_OVERLAY, OUR_MAC, OVL_DMAC, OVL_SMAC, PATHS, PEER, PEER_MAC,
+                     PEER_OVERLAY, UDP_PORT)
 from mrcctl.datapath import abi as wire
 import rxmodel
 from rxmodel import RxModel, TxModel, Verdict
 
 R = wire.Reason
-OUR_MAC = "02:00:00:00:01:01"
-PEER_MAC = "02:00:00:00:01:02"
 MAX_FRAME = 3500        # test_run refuses bigger linear frames (page minus head/tailroom)
 
 # A source accepted on another plane only (spoofed when it arrives on lo) and

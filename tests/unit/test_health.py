@@ -10,9 +10,8 @@ import time
 import pytest
 
 import unit_pkt as pkt
-from unit_dp import (LOCAL_OVERLAY, OVL_DMAC, OVL_SMAC, PATHS, PEER, PEER_OVERLAY,
-                     TC_ACT_REDIRECT, TC_ACT_SHOT, UDP_PORT, XDP_DROP, XDP_PASS, now_us)
-from test_rx import inner_ip, mrc_frame
+from unit_dp import (PATHS, PEER, PEER_OVERLAY, TC_ACT_REDIRECT, TC_ACT_SHOT, UDP_PORT, XDP_DROP,
+                     XDP_PASS, now_us)
 from mrcctl.datapath import abi as wire
 from mrcctl.datapath.libbpf import RingBuffer
 
@@ -20,20 +19,15 @@ DEAD_US = 5000
 MS = 1_000_000
 
 
+inner_ip, mrc_frame, hdr_of = pkt.inner_ip, pkt.mrc_frame, pkt.mrc_hdr_of
+
+
 def inner_udp() -> bytes:
-    body = pkt.udp(40000, 5201, b"h" * 64)
-    return pkt.eth(OVL_DMAC, OVL_SMAC, pkt.ETH_P_IP) + pkt.ipv4(
-        LOCAL_OVERLAY, PEER_OVERLAY, pkt.IPPROTO_UDP, body)
+    return pkt.overlay(pkt.udp(40000, 5201, b"h" * 64))
 
 
 def path_of(out: bytes) -> int:
-    off = 14 + (20 if out[12:14] == b"\x08\x00" else 40) + 8
-    return wire.decode_mrc_hdr(out[off:off + wire.MRC_HDR_LEN]).path_id
-
-
-def hdr_of(out: bytes) -> wire.MrcHdr:
-    off = 14 + (20 if out[12:14] == b"\x08\x00" else 40) + 8
-    return wire.decode_mrc_hdr(out[off:off + wire.MRC_HDR_LEN])
+    return pkt.mrc_hdr_of(out).path_id
 
 
 def events(dp) -> list[wire.Event]:
@@ -152,30 +146,29 @@ def test_liveness_off_never_retires(hdp):
     assert path_of(out) == 0 and hdp.live(0).state == wire.PathState.GOOD
 
 
-def test_min_active_keeps_paths(hdp):
-    """With min_active = number of paths, no path may be retired."""
-    hdp.set_peer(PEER, n_paths=len(PATHS), overlay=PEER_OVERLAY, min_active=len(PATHS))
-    hdp.set_slots([0, 1, 2, 3])
+def all_overdue_then_send(dp, min_active: int, units: int):
+    """Every path overdue (with its first strike), min_active as given, then
+    `units` units sent, each of them redirected."""
+    dp.set_peer(PEER, n_paths=len(PATHS), overlay=PEER_OVERLAY, min_active=min_active)
+    dp.set_slots([0, 1, 2, 3])
     now = time.monotonic_ns()
     for i in range(len(PATHS)):
-        overdue(hdp, i, now)
-    for _ in range(8):
-        ret, _out = hdp.run_tx(inner_udp())
+        overdue(dp, i, now)
+    for _ in range(units):
+        ret, _out = dp.run_tx(inner_udp())
         assert ret == TC_ACT_REDIRECT
+
+
+def test_min_active_keeps_paths(hdp):
+    """With min_active = number of paths, no path may be retired."""
+    all_overdue_then_send(hdp, len(PATHS), 8)
     assert all(hdp.live(i).state == wire.PathState.GOOD for i in range(len(PATHS)))
     assert health(hdp).min_active_held >= 4
     assert events(hdp) == []
 
 
 def test_min_active_one_leaves_one(hdp):
-    hdp.set_peer(PEER, n_paths=len(PATHS), overlay=PEER_OVERLAY, min_active=1)
-    hdp.set_slots([0, 1, 2, 3])
-    now = time.monotonic_ns()
-    for i in range(len(PATHS)):
-        overdue(hdp, i, now)
-    for _ in range(12):
-        ret, _out = hdp.run_tx(inner_udp())
-        assert ret == TC_ACT_REDIRECT
+    all_overdue_then_send(hdp, 1, 12)
     states = [hdp.live(i).state for i in range(len(PATHS))]
     assert states.count(wire.PathState.GOOD) == 1
     assert len(events(hdp)) == 3

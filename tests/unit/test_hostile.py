@@ -18,7 +18,8 @@ import unit_pkt as pkt
 from fuzzgen import (EMPTY_PEER_SRC, OTHER_PLANE_SRC, OUR_MAC, PEER_MAC, configure)
 from mrcctl.datapath import abi as wire
 from unit_dp import (LO_IFINDEX, LOCAL_OVERLAY, OVL_DMAC, OVL_SMAC, PATHS, PEER, PEER_OVERLAY,
-                     TC_ACT_REDIRECT, TC_ACT_SHOT, UDP_PORT, XDP_DROP, XDP_PASS, XDP_TX, now_us)
+                     TC_ACT_REDIRECT, TC_ACT_SHOT, UDP_PORT, XDP_DROP, XDP_PASS, XDP_TX, drops_delta,
+                     now_us)
 
 R = wire.Reason
 V4_SRC, V4_DST = PATHS[0].daddr, PATHS[0].saddr
@@ -36,17 +37,9 @@ def inner_tcp(seq: int = 1000, n: int = 200) -> bytes:
     return pkt.ipv4(PEER_OVERLAY, LOCAL_OVERLAY, pkt.IPPROTO_TCP, pkt.tcp(5201, 40001, seq, b"p" * n))
 
 
-def frame(family: int = 4, *, src: str | None = None, inner: bytes | None = None, sport: int = 49152,
-          dport: int = UDP_PORT, hdr: bytes | None = None, ip_kw: dict | None = None,
-          udp_len: int | None = None, **hdr_kw) -> bytes:
-    inner = inner_tcp() if inner is None else inner
-    hdr = wire.encode_mrc_hdr(**hdr_kw) if hdr is None else hdr
-    payload = pkt.udp(sport, dport, hdr + inner, length=udp_len)
-    if family == 4:
-        return pkt.eth(OUR_MAC, PEER_MAC, pkt.ETH_P_IP) + pkt.ipv4(
-            src or V4_SRC, V4_DST, pkt.IPPROTO_UDP, payload, **(ip_kw or {}))
-    return pkt.eth(OUR_MAC, PEER_MAC, pkt.ETH_P_IPV6) + pkt.ipv6(
-        src or V6_SRC, V6_DST, pkt.IPPROTO_UDP, payload, **(ip_kw or {}))
+def frame(family: int = 4, *, inner: bytes | None = None, **kw) -> bytes:
+    """An MRC frame from the peer (unit_pkt.mrc_frame) carrying inner_tcp()."""
+    return pkt.mrc_frame(family, inner=inner_tcp() if inner is None else inner, **kw)
 
 
 _psn = [1000]
@@ -60,8 +53,7 @@ def fresh(**kw) -> dict:
     return kw
 
 
-def delta(before: dict, after: dict) -> dict:
-    return {r: after[r] - before[r] for r in R if after[r] != before[r]}
+delta = drops_delta
 
 
 def rx(dp, f: bytes, verdict: int, reason: R | None, ingress: int | None = None) -> bytes:
@@ -299,9 +291,9 @@ def test_replay_older_than_the_window(hd):
 # ------------------------------------------------------------------ transmit side
 
 def overlay(dst: str = PEER_OVERLAY, ethertype: int = pkt.ETH_P_IP, body: bytes | None = None) -> bytes:
-    if body is None:
-        body = pkt.ipv4(LOCAL_OVERLAY, dst, pkt.IPPROTO_UDP, pkt.udp(40000, 5201, b"u" * 64))
-    return pkt.eth(OVL_DMAC, OVL_SMAC, ethertype) + body
+    if body is not None:
+        return pkt.overlay(body, ethertype=ethertype)
+    return pkt.overlay(pkt.udp(40000, 5201, b"u" * 64), dst=dst)
 
 
 def tx(dp, f: bytes, verdict: int, reason: R | None) -> bytes:

@@ -6,11 +6,8 @@ from __future__ import annotations
 import pytest
 
 import unit_pkt as pkt
-from unit_dp import LOCAL_OVERLAY, PATHS, PEER, PEER_OVERLAY, UDP_PORT, XDP_PASS
+from unit_dp import (LOCAL_OVERLAY, PEER, PEER_OVERLAY, XDP_PASS)
 from mrcctl.datapath import abi as wire
-
-OUR_MAC = "02:00:00:00:01:01"
-PEER_MAC = "02:00:00:00:01:02"
 
 
 def frame(psn: int, path: int = 0, *, segs: int = 1, seg_size: int = 0, seq0: int = 0,
@@ -18,9 +15,8 @@ def frame(psn: int, path: int = 0, *, segs: int = 1, seg_size: int = 0, seq0: in
     """A DATA frame from the peer on plane 0 (IPv4) carrying one TCP segment."""
     inner = pkt.ipv4(PEER_OVERLAY, LOCAL_OVERLAY, pkt.IPPROTO_TCP,
                      pkt.tcp(5201, 40001, seq, b"d" * 100))
-    hdr = wire.encode_mrc_hdr(path_id=path, psn=psn, segs=segs, seg_size=seg_size, seq0=seq0)
-    return pkt.eth(OUR_MAC, PEER_MAC, pkt.ETH_P_IP) + pkt.ipv4(
-        PATHS[0].daddr, PATHS[0].saddr, pkt.IPPROTO_UDP, pkt.udp(49152, UDP_PORT, hdr + inner))
+    return pkt.mrc_frame(inner=inner, path_id=path, psn=psn, segs=segs, seg_size=seg_size,
+                         seq0=seq0)
 
 
 def feed(dp, psns, path: int = 0):
@@ -193,10 +189,8 @@ def test_status_snapshot_shape_of_reorder(n_paths):
 
 def feedback_frame(fb_path: int, fb_ts: int, psn: int) -> bytes:
     inner = pkt.ipv4(PEER_OVERLAY, LOCAL_OVERLAY, pkt.IPPROTO_TCP, pkt.tcp(5201, 40001, 0, b"a"))
-    hdr = wire.encode_mrc_hdr(path_id=0, psn=psn, flags=wire.MRC_F_FEEDBACK, fb_path=fb_path,
-                              fb_ts=fb_ts)
-    return pkt.eth(OUR_MAC, PEER_MAC, pkt.ETH_P_IP) + pkt.ipv4(
-        PATHS[0].daddr, PATHS[0].saddr, pkt.IPPROTO_UDP, pkt.udp(49152, UDP_PORT, hdr + inner))
+    return pkt.mrc_frame(inner=inner, path_id=0, psn=psn, flags=wire.MRC_F_FEEDBACK,
+                         fb_path=fb_path, fb_ts=fb_ts)
 
 
 def delay(dp, path: int) -> wire.PathDelay:
@@ -229,10 +223,8 @@ def unit_segment(unit_psn: int, j: int, segs: int, tx_ts: int, fb_ts: int) -> by
     """Segment j of a unit of `segs` 100-byte TCP segments, echoing our path 2."""
     inner = pkt.ipv4(PEER_OVERLAY, LOCAL_OVERLAY, pkt.IPPROTO_TCP,
                      pkt.tcp(5201, 40001, 1000 + 100 * j, b"u" * 100))
-    hdr = wire.encode_mrc_hdr(path_id=0, psn=unit_psn, tx_ts=tx_ts, segs=segs, seg_size=100, seq0=1000,
-                              flags=wire.MRC_F_FEEDBACK, fb_path=2, fb_ts=fb_ts)
-    return pkt.eth(OUR_MAC, PEER_MAC, pkt.ETH_P_IP) + pkt.ipv4(
-        PATHS[0].daddr, PATHS[0].saddr, pkt.IPPROTO_UDP, pkt.udp(49152, UDP_PORT, hdr + inner))
+    return pkt.mrc_frame(inner=inner, path_id=0, psn=unit_psn, tx_ts=tx_ts, segs=segs,
+                         seg_size=100, seq0=1000, flags=wire.MRC_F_FEEDBACK, fb_path=2, fb_ts=fb_ts)
 
 
 def test_a_unit_is_one_receipt_whichever_segment_arrives_first(dp):

@@ -8,54 +8,18 @@ import time
 import pytest
 
 import unit_pkt as pkt
-from unit_dp import (LO_IFINDEX, LOCAL_OVERLAY, OVL_DMAC, OVL_SMAC, PATHS, PEER_OVERLAY,
-                      TC_ACT_REDIRECT, UDP_PORT, XDP_DROP, XDP_PASS, XDP_TX, now_us)
+from unit_dp import (LO_IFINDEX, OUR_MAC, PATHS, PEER_MAC, TC_ACT_REDIRECT, UDP_PORT, XDP_DROP,
+                     XDP_PASS, XDP_TX, drops_delta, now_us)
 from mrcctl.datapath import abi as wire
 
-PEER_MAC = "02:00:00:00:01:02"   # the sender's plane MAC (outer source)
-OUR_MAC = "02:00:00:00:01:01"
-
-
-def inner_ip(payload_len: int = 100, proto: int = pkt.IPPROTO_UDP, seq: int = 0) -> bytes:
-    """An overlay IPv4 packet from the peer to us."""
-    if proto == pkt.IPPROTO_TCP:
-        body = pkt.tcp(5201, 40001, seq, b"y" * payload_len)
-    else:
-        body = pkt.udp(5201, 40000, bytes(range(256))[:payload_len])
-    return pkt.ipv4(PEER_OVERLAY, LOCAL_OVERLAY, proto, body, ident=77)
-
-
-def mrc_frame(family: int = 4, *, src: str | None = None, dst: str | None = None,
-              inner: bytes | None = None, sport: int = 49152, dport: int = UDP_PORT,
-              hdr: bytes | None = None, ip_kw: dict | None = None, **hdr_kw) -> bytes:
-    """An MRC frame as the peer would send it to us on plane 0 (IPv4) or
-    plane 1 (IPv6)."""
-    if inner is None:
-        inner = inner_ip()
-    if hdr is None:
-        hdr = wire.encode_mrc_hdr(**hdr_kw)
-    payload = pkt.udp(sport, dport, hdr + inner)
-    ip_kw = ip_kw or {}
-    if family == 4:
-        src = src or PATHS[0].daddr
-        dst = dst or PATHS[0].saddr
-        return pkt.eth(OUR_MAC, PEER_MAC, pkt.ETH_P_IP) + pkt.ipv4(
-            src, dst, pkt.IPPROTO_UDP, payload, **ip_kw)
-    src = src or PATHS[1].daddr
-    dst = dst or PATHS[1].saddr
-    return pkt.eth(OUR_MAC, PEER_MAC, pkt.ETH_P_IPV6) + pkt.ipv6(
-        src, dst, pkt.IPPROTO_UDP, payload, **ip_kw)
-
-
-def changed(before: dict, after: dict) -> dict:
-    return {r: after[r] - before[r] for r in wire.Reason if after[r] != before[r]}
+inner_ip, mrc_frame = pkt.inner_ip, pkt.mrc_frame
 
 
 def expect_drop(dp, frame: bytes, reason: wire.Reason, ingress: int | None = None):
     before = dp.drops()
     ret, _ = dp.run_rx(frame, ingress)
     assert ret == XDP_DROP, f"expected drop for {reason.label}, got {ret}"
-    assert changed(before, dp.drops()) == {reason: 1}
+    assert drops_delta(before, dp.drops()) == {reason: 1}
 
 
 def expect_pass_untouched(dp, frame: bytes, counted=None):
@@ -63,7 +27,7 @@ def expect_pass_untouched(dp, frame: bytes, counted=None):
     ret, out = dp.run_rx(frame)
     assert ret == XDP_PASS
     assert out == frame
-    assert changed(before, dp.drops()) == ({counted: 1} if counted is not None else {})
+    assert drops_delta(before, dp.drops()) == ({counted: 1} if counted is not None else {})
 
 
 # --- decapsulation ---------------------------------------------------------
@@ -71,8 +35,7 @@ def expect_pass_untouched(dp, frame: bytes, counted=None):
 @pytest.mark.parametrize("path", [0, 1], ids=["ipv4", "ipv6"])
 def test_tx_then_rx_restores_inner(dp, path):
     dp.set_slots([path])
-    inner = pkt.eth(OVL_DMAC, OVL_SMAC, pkt.ETH_P_IP) + pkt.ipv4(
-        LOCAL_OVERLAY, PEER_OVERLAY, pkt.IPPROTO_TCP, pkt.tcp(40001, 5201, 99, b"z" * 700))
+    inner = pkt.overlay(pkt.tcp(40001, 5201, 99, b"z" * 700), pkt.IPPROTO_TCP)
     ret, outer = dp.run_tx(inner)
     assert ret == TC_ACT_REDIRECT
     ret, out = dp.run_rx(outer)
@@ -239,7 +202,7 @@ def test_probe_is_turned_around(dp, family):
     before = dp.drops()
     ret, out = dp.run_rx(probe)
     assert ret == XDP_TX
-    assert changed(before, dp.drops()) == {wire.Reason.RX_PROBE_REPLIED: 1}
+    assert drops_delta(before, dp.drops()) == {wire.Reason.RX_PROBE_REPLIED: 1}
     assert len(out) == len(probe)
     assert out[0:6] == probe[6:12] and out[6:12] == probe[0:6]
     if family == 4:
@@ -263,7 +226,7 @@ def test_probe_is_turned_around(dp, family):
     before = dp.drops()
     ret, _ = dp.run_rx(bytes(reply))
     assert ret == XDP_DROP
-    assert changed(before, dp.drops()) == {wire.Reason.RX_PROBE_REPLY: 1}
+    assert drops_delta(before, dp.drops()) == {wire.Reason.RX_PROBE_REPLY: 1}
 
 
 def test_probe_reply_records_rtt(dp):
@@ -275,7 +238,7 @@ def test_probe_reply_records_rtt(dp):
     ret, _ = dp.run_rx(reply)
     t1 = time.monotonic_ns()
     assert ret == XDP_DROP
-    assert changed(before, dp.drops()) == {wire.Reason.RX_PROBE_REPLY: 1}
+    assert drops_delta(before, dp.drops()) == {wire.Reason.RX_PROBE_REPLY: 1}
     live = dp.live(2)
     assert 500 <= live.rtt_us < 500 + (t1 - t0) // 1000 + 1000
     assert live.srtt_us == live.rtt_us              # first sample seeds srtt

@@ -7,8 +7,7 @@ import time
 from collections import Counter
 
 import unit_pkt as pkt
-from unit_dp import (LOCAL_OVERLAY, OVL_DMAC, OVL_SMAC, PATHS, PEER, PEER_OVERLAY,
-                      TC_ACT_REDIRECT)
+from unit_dp import (PATHS, PEER, PEER_OVERLAY, TC_ACT_REDIRECT)
 from mrcctl.datapath import abi as wire
 from mrcctl.instance.slots import build_slot_table
 
@@ -16,13 +15,11 @@ from mrcctl.instance.slots import build_slot_table
 def inner(sport: int, proto: int = pkt.IPPROTO_TCP, seq: int = 0) -> bytes:
     body = (pkt.tcp(sport, 5201, seq, b"x" * 200) if proto == pkt.IPPROTO_TCP
             else pkt.udp(sport, 5201, b"u" * 200))
-    return pkt.eth(OVL_DMAC, OVL_SMAC, pkt.ETH_P_IP) + pkt.ipv4(
-        LOCAL_OVERLAY, PEER_OVERLAY, proto, body)
+    return pkt.overlay(body, proto)
 
 
 def path_of(out: bytes) -> int:
-    off = 14 + (40 if out[12:14] == b"\x86\xdd" else 20) + 8
-    return wire.decode_mrc_hdr(out[off:off + wire.MRC_HDR_LEN]).path_id
+    return pkt.mrc_hdr_of(out).path_id
 
 
 def send(dp, frame: bytes) -> int:

@@ -10,32 +10,28 @@ from collections import Counter
 import pytest
 
 import unit_pkt as pkt
-from unit_dp import (LOCAL_OVERLAY, OVL_DMAC, OVL_SMAC, PATHS, PEER, PEER_OVERLAY,
-                      TC_ACT_REDIRECT, TC_ACT_SHOT, UDP_PORT, now_us)
+from unit_dp import (OVL_DMAC, OVL_SMAC, PATHS, PEER, PEER_OVERLAY, TC_ACT_REDIRECT, TC_ACT_SHOT,
+                     UDP_PORT, drops_delta, now_us)
 from mrcctl.datapath import abi as wire
 from mrcctl.instance.slots import build_slot_table
 
 
 def inner_udp(payload_len: int = 100, dst: str = PEER_OVERLAY, tos: int = 0) -> bytes:
-    body = pkt.udp(40000, 5201, bytes(range(256))[:payload_len] * 1)
-    return pkt.eth(OVL_DMAC, OVL_SMAC, pkt.ETH_P_IP) + pkt.ipv4(
-        LOCAL_OVERLAY, dst, pkt.IPPROTO_UDP, body, tos=tos, ident=0x1234)
+    return pkt.overlay(pkt.udp(40000, 5201, bytes(range(256))[:payload_len]), dst=dst, tos=tos,
+                       ident=0x1234)
 
 
 def inner_tcp(seq: int, payload_len: int = 200) -> bytes:
-    body = pkt.tcp(40001, 5201, seq, b"x" * payload_len)
-    return pkt.eth(OVL_DMAC, OVL_SMAC, pkt.ETH_P_IP) + pkt.ipv4(
-        LOCAL_OVERLAY, PEER_OVERLAY, pkt.IPPROTO_TCP, body)
+    return pkt.overlay(pkt.tcp(40001, 5201, seq, b"x" * payload_len), pkt.IPPROTO_TCP)
 
 
 def only_drop(before: dict, after: dict, reason: wire.Reason):
-    diff = {r: after[r] - before[r] for r in wire.Reason if after[r] != before[r]}
-    assert diff == {reason: 1}
+    assert drops_delta(before, after) == {reason: 1}
 
 
 def mrc_of(out: bytes, family: int) -> wire.MrcHdr:
-    off = 14 + (20 if family == 4 else 40) + 8
-    return wire.decode_mrc_hdr(out[off:off + wire.MRC_HDR_LEN])
+    assert out[12:14] == struct.pack("!H", pkt.ETH_P_IP if family == 4 else pkt.ETH_P_IPV6)
+    return pkt.mrc_hdr_of(out)
 
 
 def test_objects_share_maps(dp):

@@ -37,6 +37,8 @@ LOCAL_OVERLAY = "10.99.0.1"
 PEER_OVERLAY = "10.99.0.2"
 OVL_SMAC = "02:00:00:00:00:aa"  # mrc0's MAC and the peer's overlay MAC
 OVL_DMAC = "02:00:00:00:00:bb"
+OUR_MAC = "02:00:00:00:01:01"   # our plane-0 MAC (outer destination of what the peer sends)
+PEER_MAC = "02:00:00:00:01:02"  # the peer's plane-0 MAC (outer source)
 UDP_PORT = wire.MRC_DEFAULT_UDP_PORT
 
 PATHS = [
@@ -54,6 +56,11 @@ PATHS = [
 def now_us() -> int:
     """bpf_ktime_get_ns() is CLOCK_MONOTONIC."""
     return (time.monotonic_ns() // 1000) & 0xFFFFFFFF
+
+
+def drops_delta(before: dict, after: dict) -> dict:
+    """The reasons whose mrc_drops count changed between two Datapath.drops()."""
+    return {r: after[r] - before[r] for r in wire.Reason if after[r] != before[r]}
 
 
 def need_root():

@@ -1,10 +1,15 @@
-"""Hand-built frames for the datapath unit tests (no scapy)."""
+"""Hand-built frames for the datapath unit tests (no scapy): the header
+builders, and the frames of the one-peer test configuration (unit_dp) that
+every test module sends: overlay packets into mrc_tx, MRC frames from the
+peer into mrc_rx."""
 
 from __future__ import annotations
 
 import socket
 import struct
 
+from unit_dp import (LOCAL_OVERLAY, OUR_MAC, OVL_DMAC, OVL_SMAC, PATHS, PEER_MAC, PEER_OVERLAY,
+                     UDP_PORT)
 from mrcctl.datapath import abi as wire
 
 ETH_P_IP = 0x0800
@@ -15,8 +20,6 @@ IPPROTO_TCP = 6
 IPPROTO_UDP = 17
 IPPROTO_ICMPV6 = 58
 IPV6_FRAGMENT = 44
-
-
 
 
 def eth(dst: str, src: str, ethertype: int) -> bytes:
@@ -63,3 +66,48 @@ def vlan(dst: str, src: str, vid: int, ethertype: int) -> bytes:
 
 def ip6_frag(nh: int, offset: int = 0, more: bool = True, ident: int = 1) -> bytes:
     return struct.pack("!BBHI", nh, 0, (offset << 3) | (1 if more else 0), ident)
+
+
+# --- frames of the one-peer configuration -----------------------------------
+
+def overlay(body: bytes, proto: int = IPPROTO_UDP, *, dst: str = PEER_OVERLAY,
+            ethertype: int = ETH_P_IP, tos: int = 0, ident: int = 0) -> bytes:
+    """An overlay frame from us (mrc0) to the peer, as mrc_tx sees it."""
+    if ethertype != ETH_P_IP:
+        return eth(OVL_DMAC, OVL_SMAC, ethertype) + body
+    return eth(OVL_DMAC, OVL_SMAC, ETH_P_IP) + ipv4(LOCAL_OVERLAY, dst, proto, body, tos=tos,
+                                                     ident=ident)
+
+
+def inner_ip(payload_len: int = 100, proto: int = IPPROTO_UDP, seq: int = 0) -> bytes:
+    """An overlay IPv4 packet from the peer to us (what mrc_rx delivers)."""
+    if proto == IPPROTO_TCP:
+        body = tcp(5201, 40001, seq, b"y" * payload_len)
+    else:
+        body = udp(5201, 40000, bytes(range(256))[:payload_len])
+    return ipv4(PEER_OVERLAY, LOCAL_OVERLAY, proto, body, ident=77)
+
+
+def mrc_frame(family: int = 4, *, src: str | None = None, dst: str | None = None,
+              inner: bytes | None = None, sport: int = 49152, dport: int = UDP_PORT,
+              hdr: bytes | None = None, ip_kw: dict | None = None, udp_len: int | None = None,
+              **hdr_kw) -> bytes:
+    """An MRC frame as the peer would send it to us on plane 0 (IPv4) or
+    plane 1 (IPv6); hdr_kw go to wire.encode_mrc_hdr unless hdr is given."""
+    if inner is None:
+        inner = inner_ip()
+    if hdr is None:
+        hdr = wire.encode_mrc_hdr(**hdr_kw)
+    payload = udp(sport, dport, hdr + inner, length=udp_len)
+    ip_kw = ip_kw or {}
+    if family == 4:
+        return eth(OUR_MAC, PEER_MAC, ETH_P_IP) + ipv4(
+            src or PATHS[0].daddr, dst or PATHS[0].saddr, IPPROTO_UDP, payload, **ip_kw)
+    return eth(OUR_MAC, PEER_MAC, ETH_P_IPV6) + ipv6(
+        src or PATHS[1].daddr, dst or PATHS[1].saddr, IPPROTO_UDP, payload, **ip_kw)
+
+
+def mrc_hdr_of(out: bytes) -> wire.MrcHdr:
+    """The MRC header of an encapsulated frame mrc_tx produced."""
+    off = 14 + (40 if out[12:14] == struct.pack("!H", ETH_P_IPV6) else 20) + 8
+    return wire.decode_mrc_hdr(out[off:off + wire.MRC_HDR_LEN])

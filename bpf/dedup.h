@@ -1,0 +1,63 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * Receive-side duplicate filter for hedged units (MRC_F_HEDGE on both
+ * copies): the second copy of a wire PSN goes no further.
+ */
+#ifndef MRC_DEDUP_H
+#define MRC_DEDUP_H
+
+#include <stdbool.h>
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+#include "mrc.h"
+#include "stats.h"
+
+/* PSNs per word: the low 32 bits of a word are one bit per PSN of a block,
+ * the high 32 bits tag the block (psn >> DEDUP_BLOCK_SHIFT). */
+#define DEDUP_BLOCK_SHIFT	5
+#define DEDUP_BLOCK_MASK	((1U << DEDUP_BLOCK_SHIFT) - 1)
+
+/* Bounded compare-and-swap retries; losing them all (four other CPUs
+ * changed the word meanwhile) delivers the packet. */
+#define DEDUP_RETRIES		4
+
+/* Per peer, see struct mrc_dedup. Writer: mrc_rx (dedup.h) only. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MRC_MAX_PEERS);
+	__type(key, __u32);
+	__type(value, struct mrc_dedup);
+} mrc_dedup SEC(".maps");
+
+/* Has wire PSN `psn` of a hedged unit from this peer been seen? Marks it
+ * seen. PSNs older than the window are let through (TCP copes with a rare
+ * duplicate; dropping a first copy would cost a retransmission). */
+static __always_inline bool dedup_seen(__u32 peer_idx, __u32 psn)
+{
+	struct mrc_dedup *d = bpf_map_lookup_elem(&mrc_dedup, &peer_idx);
+	__u32 tag = psn >> DEDUP_BLOCK_SHIFT, i;
+	__u64 bit = 1ULL << (psn & DEDUP_BLOCK_MASK), *w, old, new;
+
+	if (!d)
+		return false;
+	w = &d->w[tag & (MRC_DEDUP_WORDS - 1)];
+	for (i = 0; i < DEDUP_RETRIES; i++) {
+		old = *w;
+		if ((__u32)(old >> 32) == tag) {
+			if (old & bit) {
+				HSTAT_INC(dedup_drops);
+				return true;
+			}
+			new = old | bit;
+		} else if ((__s32)(tag - (__u32)(old >> 32)) > 0 || old == 0) {
+			new = ((__u64)tag << 32) | bit;
+		} else {
+			return false;	/* older than the window */
+		}
+		if (__sync_val_compare_and_swap(w, old, new) == old)
+			return false;
+	}
+	return false;
+}
+
+#endif /* MRC_DEDUP_H */

@@ -1,0 +1,263 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * The transmit-side judge: may the next unit go out on a path, is the path
+ * suspect (hedge it, hedge.h), or overdue and to be retired here; and, when
+ * no slot near the cursor led anywhere, the fallback.
+ *
+ * Who writes a path's state: the datapath moves GOOD <-> ASSUMED_BAD with
+ * compare-and-swap on mrc_path_live.state (this judge on missing evidence,
+ * evidence.h on probe replies), so two CPUs never both report one
+ * transition; the agent also forces ASSUMED_BAD when a plane's link goes
+ * down or its probes go unanswered (a second writer, issue #13). DENIED
+ * lives in mrc_path.admin and only the operator sets it.
+ *
+ * live->unacked_ns is the send time of the oldest unit not yet covered by
+ * evidence (last_ack_ns is dated by the *send* time of the newest packet
+ * known delivered, see evidence.h path_acked). A path nobody sends on is
+ * never judged, so an idle connection does not declare its paths dead.
+ */
+#ifndef MRC_JUDGE_H
+#define MRC_JUDGE_H
+
+#include <stdbool.h>
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+#include "mrc.h"
+#include "path.h"
+#include "peer.h"
+#include "stats.h"
+#include "events.h"
+
+/* A relapse to ASSUMED_BAD within this long of recovering doubles the
+ * probes needed next time (up to 2^HEALTH_MAX_FLAPS times recover_probes):
+ * a flapping plane settles to ASSUMED_BAD instead of oscillating. */
+#define HEALTH_FLAP_WINDOW_NS	(1000ULL * 1000 * 1000)
+#define HEALTH_MAX_FLAPS	4
+
+enum health_verdict {
+	H_UNUSABLE	= -1,
+	H_OK		= 0,
+	H_SUSPECT	= 1,
+};
+
+/* Are at least `want` paths other than `skip` usable? Only runs when a path
+ * is about to be declared dead, which is rare. Two CPUs retiring two paths
+ * at once may both see the other still GOOD: the guard can then be short by
+ * one, and judge_fallback still keeps the peer reachable. bpf_loop: the
+ * verifier checks the body once instead of once per iteration per call
+ * site. */
+struct judge_count_ctx {
+	__u32	peer;
+	__u32	skip;
+	__u32	want;
+	__u32	n;
+};
+
+static long judge_count_cb(__u32 i, void *arg)
+{
+	struct judge_count_ctx *c = arg;
+
+	if (i == c->skip || i >= MRC_MAX_PATHS)
+		return 0;
+	if (path_usable_at(c->peer, i) && ++c->n >= c->want)
+		return 1;
+	return 0;
+}
+
+static __always_inline bool judge_enough_usable(__u32 peer_idx, __u32 n_paths,
+						__u32 skip, __u32 want)
+{
+	struct judge_count_ctx c = { .peer = peer_idx, .skip = skip, .want = want };
+
+	if (want == 0)
+		return true;
+	if (n_paths > MRC_MAX_PATHS)
+		n_paths = MRC_MAX_PATHS;
+	bpf_loop(n_paths, judge_count_cb, &c, 0);
+	return c.n >= want;
+}
+
+/* GOOD -> ASSUMED_BAD on missing evidence. Returns false if another CPU
+ * did it first (it reports the event). */
+static __always_inline bool judge_retire(__u32 peer_idx, __u32 pid,
+					 struct mrc_path_live *live,
+					 __u64 un, __u64 now)
+{
+	if (__sync_val_compare_and_swap(&live->state, MRC_PATH_GOOD,
+					MRC_PATH_ASSUMED_BAD) != MRC_PATH_GOOD)
+		return false;
+	if (live->good_ns && now - live->good_ns < HEALTH_FLAP_WINDOW_NS) {
+		if (live->flaps < HEALTH_MAX_FLAPS)
+			live->flaps += 1;
+	} else {
+		live->flaps = 0;
+	}
+	live->bad_ns = now;
+	live->probe_ok = 0;
+	live->strike_ns = 0;
+	HSTAT_INC(dead);
+	event_emit(peer_idx, pid, MRC_PATH_GOOD, MRC_PATH_ASSUMED_BAD,
+		   MRC_EV_DEAD, (__u32)((now - un) / 1000), now);
+	return true;
+}
+
+/*
+ * Judge an allowed path for the next unit. GOOD paths are usable (H_OK or
+ * H_SUSPECT); a GOOD path whose evidence is overdue is retired here, unless
+ * that would leave fewer than min_active usable paths.
+ *
+ * "Overdue": the path's oldest outstanding unit was sent at unacked_ns, and
+ *  - a packet sent more than dead_after later has already been confirmed
+ *    on some other path (mrc_peer_seq.ack_max_ns): a peer gone silent
+ *    altogether retires nothing, there would be nothing better to move to;
+ *  - and it is more than dead_after later than this path's own smoothed
+ *    RTT and evidence gap allow: queues differ between planes (measured
+ *    here: up to ~8 ms between tbf-shaped planes under one TCP flow), and
+ *    feedback reaches each path only every few reverse packets.
+ * A path that is merely idle has nothing outstanding.
+ */
+static __always_inline int health_judge(const struct mrc_config *cfg,
+					const struct mrc_peer *peer,
+					__u32 peer_idx, __u32 pid,
+					struct mrc_path_live *live, __u64 now)
+{
+	struct mrc_peer_seq *seq;
+	__u64 un, ack;
+	__s64 lag, late;
+
+	if (live->state != MRC_PATH_GOOD)
+		return H_UNUSABLE;
+	if (!(cfg->flags & MRC_CFG_LIVENESS) || cfg->dead_after_us == 0)
+		return H_OK;
+
+	un = live->unacked_ns;
+	ack = live->last_ack_ns;
+	if (un == 0 || (__s64)(ack - un) >= 0) {
+		/* Everything sent so far is accounted for: this unit is
+		 * the oldest outstanding one. */
+		live->unacked_ns = now;
+		live->strike_ns = 0;
+		return H_OK;
+	}
+	seq = peer_seq(peer_idx);
+	if (!seq)
+		return H_OK;
+	/* Late relative to the peer's freshest evidence (a peer gone silent
+	 * altogether retires nothing), and late against this path's own
+	 * smoothed RTT and evidence gap (planes queue differently). */
+	lag = (__s64)(seq->ack_max_ns - un);
+	late = (__s64)(now - un) - (__s64)live->ev_rtt_us * 1000;
+	if (late < lag)
+		lag = late;
+	if (lag > (__s64)cfg->dead_after_us * 1000) {
+		/* Two strikes: one lost unit (a congestion drop, a queue
+		 * spike) must not retire a path. The first verdict restarts
+		 * the observation with this unit; only if it and what
+		 * follows also go unconfirmed is the path dead. */
+		if (!live->strike_ns || (__s64)(ack - live->strike_ns) >= 0) {
+			live->strike_ns = now;
+			live->unacked_ns = now;
+			return H_SUSPECT;
+		}
+		if (!judge_enough_usable(peer_idx, peer->n_paths, pid,
+					 peer->min_active)) {
+			HSTAT_INC(min_active_held);
+			return H_SUSPECT;
+		}
+		judge_retire(peer_idx, pid, live, un, now);
+		return H_UNUSABLE;
+	}
+	/* A path with a strike stays suspect until evidence covers a unit
+	 * sent after the strike (that clears strike_ns above). The strike
+	 * restarted the observation, so `lag` starts again from zero: judged
+	 * by lag alone, a dead plane's units went unhedged for hedge_after
+	 * after every first strike, and TCP's retransmissions among them
+	 * were lost again - a 200 ms RTO stall in 4 of 4 hedged failover
+	 * runs (docs/benchmarks/failover.md). */
+	if (live->strike_ns)
+		return H_SUSPECT;
+	if (cfg->hedge_after_us && lag > (__s64)cfg->hedge_after_us * 1000)
+		return H_SUSPECT;
+	return H_OK;
+}
+
+/*
+ * Can the next unit go out on path `pid`: allowed (path.h) and GOOD by the
+ * judgement above, which may retire the path right here (H_UNUSABLE) or
+ * call it suspect (H_SUSPECT: usable, hedged if hedging is on). Returns the
+ * path, its verdict in *verdict, or NULL.
+ */
+static __always_inline struct mrc_path *
+judge_path(const struct mrc_config *cfg, const struct mrc_peer *peer,
+	   __u32 peer_idx, __u32 pid, __u32 n_paths, __u64 now, int *verdict)
+{
+	__u32 idx = path_idx(peer_idx, pid);
+	struct mrc_path *path;
+	struct mrc_path_live *live;
+
+	if (pid >= n_paths)
+		return NULL;
+	path = bpf_map_lookup_elem(&mrc_paths, &idx);
+	live = bpf_map_lookup_elem(&mrc_live, &idx);
+	if (!path || !live || !path_allowed(path))
+		return NULL;
+	*verdict = health_judge(cfg, peer, peer_idx, pid, live, now);
+	return *verdict >= 0 ? path : NULL;
+}
+
+/*
+ * No slot near the cursor led to a usable path (the agent has not rebuilt
+ * the slot table yet, or everything looks bad): any usable path, else - so
+ * that false positives never black out a peer - with min_active > 0 the
+ * first allowed path, whatever its state. -1: nothing to send on.
+ */
+struct judge_fb_ctx {
+	__u32	peer;
+	__u32	start;
+	__u32	n_paths;
+	int	good;
+	int	any;
+};
+
+static long judge_fb_cb(__u32 i, void *arg)
+{
+	struct judge_fb_ctx *c = arg;
+	struct mrc_path *p;
+	__u32 pid, idx;
+
+	if (c->n_paths == 0)
+		return 1;
+	pid = (c->start + i) % c->n_paths;
+	if (pid >= MRC_MAX_PATHS)
+		return 1;
+	if (path_usable_at(c->peer, pid)) {
+		c->good = pid;
+		return 1;
+	}
+	if (c->any < 0) {
+		idx = MRC_PATH_IDX(c->peer, pid);
+		p = bpf_map_lookup_elem(&mrc_paths, &idx);
+		if (p && path_allowed(p))
+			c->any = pid;
+	}
+	return 0;
+}
+
+static __always_inline int judge_fallback(__u32 peer_idx, __u32 n_paths,
+					  __u32 start, __u32 min_active)
+{
+	struct judge_fb_ctx c = { .peer = peer_idx, .start = start,
+				  .n_paths = n_paths, .good = -1, .any = -1 };
+
+	if (n_paths > MRC_MAX_PATHS)
+		n_paths = c.n_paths = MRC_MAX_PATHS;
+	bpf_loop(n_paths, judge_fb_cb, &c, 0);
+	if (c.good >= 0)
+		return c.good;
+	if (!min_active || c.any < 0)
+		return -1;
+	HSTAT_INC(fallback);
+	return c.any;
+}
+
+#endif /* MRC_JUDGE_H */

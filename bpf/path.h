@@ -1,0 +1,103 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * Paths: the agent's configuration of each (peer, path) and the liveness
+ * state both programs keep for it, and the one answer to "may a unit go out
+ * on this path".
+ */
+#ifndef MRC_PATH_H
+#define MRC_PATH_H
+
+#include <stdbool.h>
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+#include "mrc.h"
+
+#define MRC_N_PATH_ENTRIES	(MRC_MAX_PEERS * MRC_MAX_PATHS)
+
+/* Path configuration, MRC_PATH_IDX(peer, path); writers per field in mrc.h
+ * struct mrc_path. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MRC_N_PATH_ENTRIES);
+	__type(key, __u32);
+	__type(value, struct mrc_path);
+} mrc_paths SEC(".maps");
+
+/* Path liveness, shared across CPUs; writers per field in mrc.h struct
+ * mrc_path_live. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MRC_N_PATH_ENTRIES);
+	__type(key, __u32);
+	__type(value, struct mrc_path_live);
+} mrc_live SEC(".maps");
+
+/* Map index of path `pid` of peer `peer_idx`, clamped so that a value read
+ * from a map can index another map (the verifier wants the bound). */
+static __always_inline __u32 path_idx(__u32 peer_idx, __u32 pid)
+{
+	return MRC_PATH_IDX(peer_idx, pid & (MRC_MAX_PATHS - 1));
+}
+
+static __always_inline struct mrc_path *path_cfg(__u32 peer_idx, __u32 pid)
+{
+	__u32 idx = path_idx(peer_idx, pid);
+
+	return bpf_map_lookup_elem(&mrc_paths, &idx);
+}
+
+/* The entry of (peer, path) in a map indexed by MRC_PATH_IDX, or NULL
+ * when either index is out of range (they come from the wire). */
+static __always_inline void *path_entry(void *map, __u32 peer, __u32 path)
+{
+	__u32 idx;
+
+	if (peer >= MRC_MAX_PEERS || path >= MRC_MAX_PATHS)
+		return NULL;
+	idx = MRC_PATH_IDX(peer, path);
+	return bpf_map_lookup_elem(map, &idx);
+}
+
+/* Shared (all-CPU) liveness state of one path, or NULL. */
+static __always_inline struct mrc_path_live *path_live(__u32 peer, __u32 path)
+{
+	return path_entry(&mrc_live, peer, path);
+}
+
+/* Configured (a plane device, a family the encapsulation knows) and not
+ * denied by the operator: the path may carry units if nothing better is
+ * left (the fallback of judge.h). */
+static __always_inline bool path_allowed(const struct mrc_path *p)
+{
+	return p->ifindex && (p->family == 4 || p->family == 6) &&
+	       p->admin != MRC_PATH_DENIED;
+}
+
+/* Allowed and GOOD: the predicate the slot walk, the ev_min_active count,
+ * the fallback and the hedge partner search all ask. The transmit judge
+ * (judge.h) may still find a GOOD path overdue and retire it. */
+static __always_inline bool path_usable(const struct mrc_path *p,
+					const struct mrc_path_live *l)
+{
+	return path_allowed(p) && l->state == MRC_PATH_GOOD;
+}
+
+/* path_usable() by index. */
+static __always_inline bool path_usable_at(__u32 peer_idx, __u32 pid)
+{
+	__u32 idx = MRC_PATH_IDX(peer_idx, pid);
+	struct mrc_path *p = bpf_map_lookup_elem(&mrc_paths, &idx);
+	struct mrc_path_live *l = bpf_map_lookup_elem(&mrc_live, &idx);
+
+	return p && l && path_usable(p, l);
+}
+
+/* An all-zero destination MAC means "resolve through the neighbour table"
+ * (routed underlay, next hop not known to the agent). */
+static __always_inline bool path_via_neigh(const struct mrc_path *p)
+{
+	return !(p->dmac[0] | p->dmac[1] | p->dmac[2] |
+		 p->dmac[3] | p->dmac[4] | p->dmac[5]);
+}
+
+#endif /* MRC_PATH_H */

@@ -1,0 +1,64 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * Retransmission steering (transmit side). mrc_tx sends a TCP unit that
+ * ends at or below the highest sequence its flow has sent on the path that
+ * confirmed delivery most recently (mrc_peer_seq.ack_max_path): these are
+ * the packets whose loss costs most. Right after a plane fails, before its
+ * paths look suspect (hedge_after plus their evidence delay), TCP
+ * retransmits what the plane lost; a retransmission sprayed onto the same
+ * plane is lost again, and if nothing is sent after it RACK cannot notice -
+ * TCP waits for its 200 ms RTO (seen in 2 of 5 hedged failover runs: the
+ * flow's last unacknowledged unit resent onto the dead plane). OCP MRC
+ * likewise moves retransmissions to another EV.
+ */
+#ifndef MRC_RETX_H
+#define MRC_RETX_H
+
+#include <stdbool.h>
+#include <linux/bpf.h>
+#include <linux/ip.h>
+#include <linux/tcp.h>
+#include <bpf/bpf_helpers.h>
+#include "mrc.h"
+#include "stats.h"
+
+#define RETX_HASH_MUL	0x9E3779B1u	/* golden ratio: Fibonacci hashing */
+#define RETX_HASH_SHIFT	26		/* top 6 bits pick one of MRC_TX_FLOWS */
+
+/* Per peer: flow hash << 32 | end of the highest sequence sent. Writer:
+ * mrc_tx (retx.h) only. TCP sends a flow from one CPU at a time (socket
+ * lock), so plain stores suffice; a slot two flows share only costs a
+ * misjudged unit. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MRC_MAX_PEERS);
+	__type(key, __u32);
+	__type(value, struct mrc_tx_flows);
+} mrc_tx_flows SEC(".maps");
+
+/* Is this TCP unit (payload [seq, seq + len)) a retransmission? Records
+ * the new high otherwise. */
+static __always_inline bool retx_check(__u32 peer_idx, const struct iphdr *iph,
+				       const struct tcphdr *th, __u32 seq,
+				       __u32 len)
+{
+	struct mrc_tx_flows *f;
+	__u32 h, end = seq + len;
+	__u64 *slot, v;
+
+	if (len == 0)
+		return false;
+	f = bpf_map_lookup_elem(&mrc_tx_flows, &peer_idx);
+	if (!f)
+		return false;
+	h = (iph->saddr ^ iph->daddr ^ ((__u32)th->source << 16 | th->dest)) *
+	    RETX_HASH_MUL;
+	slot = &f->hi[(h >> RETX_HASH_SHIFT) & (MRC_TX_FLOWS - 1)];
+	v = *slot;
+	if ((__u32)(v >> 32) == h && (__s32)(end - (__u32)v) <= 0)
+		return true;
+	*slot = (__u64)h << 32 | end;
+	return false;
+}
+
+#endif /* MRC_RETX_H */
