@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /*
  * mrc wire format and map layouts: the one contract between the datapath
- * (tx.bpf.c, rx.bpf.c) and the control plane (mrcctl/wire.py mirrors every
+ * (tx.bpf.c, rx.bpf.c) and the control plane (mrcctl/datapath/abi.py mirrors every
  * constant and struct here; tests/unit/test_wire.py proves they agree).
  *
  * Everything on the wire is big-endian. Map values are host-endian except
@@ -352,7 +352,7 @@ struct mrc_rx_peer {
 };
 
 /*
- * Path health (bpf/judge.h, bpf/evidence.h, mrcctl/health.py).
+ * Path health (bpf/judge.h, bpf/evidence.h, mrcctl/agent/health.py).
  *
  * mrc_events: RINGBUF of struct mrc_event, one per path state change made
  * by the datapath (the agent logs its own changes directly).

@@ -243,7 +243,7 @@ def plot(results: dict, path: Path) -> None:
 
 
 DESIGN = """
-## How mrc fails over (bpf/health.h, mrcctl/agent/health.py)
+## How mrc fails over (bpf/judge.h, bpf/evidence.h, bpf/hedge.h, mrcctl/agent/health.py)
 
 * **Evidence.** Every MRC header echoes, for one of the peer's paths, the send timestamp of the
   newest packet received on it (`fb_path`/`fb_ts`); the receiver picks, among the paths that have a

@@ -1,6 +1,6 @@
 """Agent subsystem: path health in the control plane.
 
-The datapath judges liveness and recovers paths on its own (bpf/health.h);
+The datapath judges liveness and recovers paths on its own (bpf/judge.h, bpf/evidence.h);
 this module feeds it and reports on it:
 
 * EV probes: per path, an MRC PROBE frame out of the path's plane, to the

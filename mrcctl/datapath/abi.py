@@ -484,8 +484,8 @@ def effective_state(path: Path, live: PathLive) -> int:
 
 def path_usable(path: Path, live: PathLive) -> bool:
     """May the datapath spray on this path? The control plane's copy of
-    health_path_good() in bpf/health.h: every Python caller asks this."""
-    return path.ifindex != 0 and effective_state(path, live) == PathState.GOOD
+    path_usable() in bpf/path.h: every Python caller asks this."""
+    return path.ifindex != 0 and path.family in (4, 6) and effective_state(path, live) == PathState.GOOD
 
 
 @_struct
@@ -652,7 +652,7 @@ class TxFlows(_Struct):
 ALL_STRUCTS: tuple[type[_Struct], ...] = (
     MrcHdr, Config, Peer, Slots, Path, PathLive, PeerSeq, PathStats, RxKey, RxPeer,
     RxWin, Reorder, FlowletKey, Flowlet, PathDelay)
-# path health (bpf/health.h)
+# path health (bpf/judge.h, bpf/evidence.h)
 ALL_STRUCTS += (Event, HealthStats, Dedup, TxFlows)
 
 

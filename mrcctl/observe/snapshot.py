@@ -112,7 +112,7 @@ def _snapshot(cfg: cfgmod.Config, dp: Datapath) -> dict:
                 "rtt_us": live.rtt_us or None,
                 "srtt_us": live.srtt_us or None,
                 "evidence_age_ms": round(age_ms, 3) if age_ms is not None else None,
-                # path health (bpf/health.h): send-to-evidence delay, relapses
+                # path health (bpf/judge.h, bpf/evidence.h): send-to-evidence delay, relapses
                 "evidence_delay_ms": round(live.ev_rtt_us / 1000, 3) if live.ev_rtt_us else None,
                 "flaps": live.flaps,
             })
@@ -153,7 +153,7 @@ def _snapshot(cfg: cfgmod.Config, dp: Datapath) -> dict:
 
 
 def _health(dp: Datapath) -> dict:
-    """Datapath health counters (bpf/health.h) and the agent's probe report."""
+    """Datapath health counters (bpf/judge.h, bpf/evidence.h, bpf/hedge.h) and the agent's probe report."""
     out: dict = {}
     try:
         hs = wire.HealthStats.sum(dp.map("mrc_hstats").lookup_percpu(wire.u32(0)))

@@ -1,4 +1,4 @@
-"""Path health in the datapath (bpf/health.h) through BPF_PROG_TEST_RUN:
+"""Path health in the datapath (bpf/judge.h, bpf/evidence.h, bpf/hedge.h, bpf/dedup.h) through BPF_PROG_TEST_RUN:
 the tx liveness decision, ev_min_active, the duplicate filter for hedged
 units, probe-driven recovery with hysteresis, hedged sending and the EV
 events in the ring buffer."""
