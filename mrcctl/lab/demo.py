@@ -33,6 +33,7 @@ from ..instance.state import Instance
 from ..observe.render import bitrate, human_bytes, print_status
 from ..observe.source import Source
 from ..observe.top import Dashboard, fold, run_live
+from .fabric import Fabric
 from .stream import PORT
 from .testbed import Testbed
 
@@ -61,14 +62,22 @@ def _json_line(text: str) -> dict:
 
 
 class Demo:
-    def __init__(self, duration: float, planes: int, fault: bool, rate: str | None, out=None):
+    def __init__(self, duration: float, planes: int, fault: bool, rate: str | None, out=None,
+                 fabric: bool = False):
         self.duration = duration
         self.fault = fault
         self.out = out or sys.stdout
         self.prefix = f"mrcdemo{os.getpid() % 100000}"
-        self.tb = Testbed(hosts=2, planes=planes, rates=None if rate in (None, "none") else rate,
-                          prefix=self.prefix)
+        rate = None if rate in (None, "none") else rate
+        # fabric: each plane a leaf-spine fabric, the hosts on different
+        # leaves; the fault is a gray failure of one leaf-spine link
+        self.fabric = fabric
+        if fabric:
+            self.tb = Fabric(hosts=2, planes=planes, spines=2, leaves=2, link_rate=rate, prefix=self.prefix)
+        else:
+            self.tb = Testbed(hosts=2, planes=planes, rates=rate, prefix=self.prefix)
         self.fault_plane = 1 if planes > 1 else 0
+        self.fault_evs: list[int] = []
         self.tmp = tempfile.mkdtemp(prefix="mrcdemo-")
         self.configs: dict[int, str] = {}
         self.netns: dict[int, int] = {}
@@ -99,6 +108,10 @@ class Demo:
             if cp.returncode != 0:
                 msg = (cp.stderr.strip().splitlines() or ["failed"])[-1]
                 raise MrcError(f"demo: mrcctl up on {self.tb.ns(i)}: {msg}")
+        if self.fabric:
+            evs = [p.ev for p in cfgmod.load(self.configs[0]).peers[0].paths
+                   if p.plane.device == f"p{self.fault_plane}"]
+            self.fault_evs = self.tb.evs_across(self.fault_plane, 0, 1, 0, 1, evs)
 
     def start_stream(self) -> None:
         self.phase = "stream"
@@ -118,25 +131,37 @@ class Demo:
         self.procs.append(self.send)
         self.t0 = time.monotonic()
 
+    def _set_fault(self, on: bool) -> None:
+        if self.fabric:
+            self.tb.link_blackhole(self.fault_plane, 0, 1, on, direction="both")
+        else:
+            self.tb.blackhole(0, self.fault_plane, on, both=True)
+
+    def fault_name(self) -> str:
+        if not self.fabric:
+            return f"plane {self.tb.dev(0, 1, self.fault_plane)}"
+        evs = ", ".join(map(str, self.fault_evs)) or "none of h0's"
+        return f"plane p{self.fault_plane} link leaf 0 - spine 1 (EVs {evs} cross it)"
+
     def tick(self, now: float) -> str:
         """Apply the fault schedule; returns a note for the display."""
         t = now - self.t0
-        dev = self.tb.dev(0, 1, self.fault_plane)
         if self.fault and self._fault_state == 0 and t >= self.fault_on_at:
-            self.tb.blackhole(0, self.fault_plane, True, both=True)
+            self._set_fault(True)
             self._fault_state = 1
         elif self.fault and self._fault_state == 1 and t >= self.fault_off_at:
-            self.tb.blackhole(0, self.fault_plane, False, both=True)
+            self._set_fault(False)
             self._fault_state = 2
         if not self.fault:
             return "no fault injected"
-        return {0: f"plane {dev} will be blackholed at t={self.fault_on_at:.0f}s",
-                1: f"plane {dev} BLACKHOLED (both ways) until t={self.fault_off_at:.0f}s",
-                2: f"plane {dev} restored at t={self.fault_off_at:.0f}s"}[self._fault_state]
+        name = self.fault_name()
+        return {0: f"{name} will be blackholed at t={self.fault_on_at:.0f}s",
+                1: f"{name} BLACKHOLED (both ways) until t={self.fault_off_at:.0f}s",
+                2: f"{name} restored at t={self.fault_off_at:.0f}s"}[self._fault_state]
 
     def restore(self) -> None:
         if self._fault_state == 1:
-            self.tb.blackhole(0, self.fault_plane, False, both=True)
+            self._set_fault(False)
             self._fault_state = 2
 
     def finished(self) -> bool:
@@ -172,7 +197,8 @@ def _summary_line(demo: Demo, dash, note: str) -> str:
     return (f"t={t:4.1f}s  h0->h1 {bitrate(tx)}b/s  paths GOOD {good}/{len(dash.paths)}  {planes}  | {note}")
 
 
-def run(duration: float = 9.0, planes: int = 4, fault: bool = True, rate: str | None = "250mbit") -> int:
+def run(duration: float = 9.0, planes: int = 4, fault: bool = True, rate: str | None = "250mbit",
+        fabric: bool = False) -> int:
     if os.geteuid() != 0:
         raise MrcError("mrcctl demo needs root: it creates network namespaces and loads BPF (sudo mrcctl demo)")
     for tool in ("ip", "tc"):
@@ -182,15 +208,16 @@ def run(duration: float = 9.0, planes: int = 4, fault: bool = True, rate: str | 
 
     console = Console()
     interactive = console.is_terminal
-    demo = Demo(duration, planes, fault, rate)
+    demo = Demo(duration, planes, fault, rate, fabric=fabric)
     old = {s: signal.signal(s, _interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
     outcome = "done"
     snap = None
     events = 0
     try:
-        console.print(f"[bold]mrc demo[/]: 2 hosts ({demo.tb.ns(0)}, {demo.tb.ns(1)}), {planes} planes"
-                      f"{' at ' + rate if rate and rate != 'none' else ''}, one TCP stream for {duration:g} s",
-                      soft_wrap=True)
+        kind = "leaf-spine planes (2 spines each; links" if fabric else "planes"
+        console.print(f"[bold]mrc demo[/]: 2 hosts ({demo.tb.ns(0)}, {demo.tb.ns(1)}), {planes} {kind}"
+                      f"{' at ' + rate if rate and rate != 'none' else ''}{')' if fabric else ''}, "
+                      f"one TCP stream for {duration:g} s", soft_wrap=True)
         demo.build()
         cfg0 = cfgmod.load(demo.configs[0])
         source = Source(cfg0, netns=demo.netns[0])

@@ -363,6 +363,23 @@ def test_demo_runs_to_completion_and_leaves_nothing():
     assert _leftovers(links, inst) == []
 
 
+def test_demo_fabric_retires_only_the_evs_across_the_failed_spine_link():
+    """--fabric: a gray failure of one leaf-spine link; while it lasts the
+    sender's paths GOOD are all but the EVs the leaf hashes across that link."""
+    links, inst = _snapshot_system()
+    r = subprocess.run([*MRCCTL, "demo", "--fabric", "--planes", "2", "--duration", "9", "--rate", "500mbit"],
+                       capture_output=True, text=True, timeout=150, stdin=subprocess.DEVNULL, cwd="/")
+    assert r.returncode == 0, r.stdout + r.stderr
+    ticks = [ln for ln in r.stdout.splitlines() if ln.startswith("t=")]
+    m = re.search(r"link leaf 0 - spine 1 \(EVs ([\d, ]+) cross it\)", r.stdout)
+    assert m, r.stdout
+    k = len(m.group(1).split(","))
+    during = [ln for ln in ticks if "BLACKHOLED" in ln]
+    assert during and f"paths GOOD {8 - k}/8" in during[-1], r.stdout
+    assert "paths GOOD 8/8" in ticks[-1] and "sha256 match" in r.stdout
+    assert _leftovers(links, inst) == []
+
+
 def test_demo_ctrl_c_cleans_up():
     links, inst = _snapshot_system()
     p = subprocess.Popen([*MRCCTL, "demo", "--duration", "30", "--no-fault"], stdout=subprocess.PIPE,
