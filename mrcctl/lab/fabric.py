@@ -49,8 +49,8 @@ from typing import Iterable
 
 from ..datapath.objects import bpf_dir
 from . import testbed as tbmod
-from .testbed import (FAULT_PREF_BLACKHOLE, FAULT_PREF_LOSS, Testbed, TestbedError,
-                      _CBPF_DROP_ALL, _cbpf_drop_percent, _run, format_rate, parse_rate)
+from .testbed import (FAULT_PREF_BLACKHOLE, FAULT_PREF_LOSS, Testbed, TestbedError, _CBPF_DROP_ALL, _run,
+                      device_status, format_rate, loss_bytecode, parse_rate, set_egress_filter)
 
 DEFAULT_PREFIX = "mrcf"
 MAX_FABRIC_HOSTS = 200
@@ -215,37 +215,13 @@ class Fabric(Testbed):
                       for p, lf, s in self.links()],
         }
 
-    # ---- mrc configuration --------------------------------------------------
-
-    def mrc_config(self, i: int, peers: list[int] | None = None, evs: int = 4,
-                   weights: list[int] | None = None, family: int = 4, device: str = "mrc0",
-                   overlay_prefix: int = 24, extra: str = "", peer_extra: str = "") -> str:
-        """mrc TOML for host i: one [[plane]] per plane device, each peer
-        reached through the leaf gateway at its plane address."""
-        peers = self.peers(i) if peers is None else peers
-        weights = weights or [1] * self.n_planes
-        lines = ["[overlay]", f'device = "{device}"',
-                 f'address = "{self.overlay_addr(i)}/{overlay_prefix}"', ""]
-        for p in range(self.n_planes):
-            lines += ["[[plane]]", f'device = "p{p}"', f"weight = {weights[p]}", ""]
-        for j in peers:
-            lines += ["[[peer]]", f'name = "h{j}"', f'overlay = "{self.overlay_addr(j)}"',
-                      f"evs_per_plane = {evs}"]
-            if peer_extra:
-                lines.append(peer_extra)
-            lines.append("[peer.underlay]")
-            for p in range(self.n_planes):
-                lines.append(f'p{p} = "{self.host_addr(j, p, family)}"')
-            lines.append("")
-        return "\n".join(lines) + ("\n" + extra + "\n" if extra else "")
-
     # ---- lifecycle ---------------------------------------------------------
 
     def _router_sysctls(self) -> list[str]:
         lines = ["echo 1 > /proc/sys/net/ipv4/ip_forward",
                  "echo 0 > /proc/sys/net/ipv4/conf/all/rp_filter",
                  "echo 0 > /proc/sys/net/ipv4/conf/default/rp_filter",
-                 f"echo 3 > /proc/sys/net/ipv4/fib_multipath_hash_policy",
+                 "echo 3 > /proc/sys/net/ipv4/fib_multipath_hash_policy",
                  f"echo {HASH_FIELDS:#06x} > /proc/sys/net/ipv4/fib_multipath_hash_fields"]
         if self.ipv6:
             lines += ["echo 1 > /proc/sys/net/ipv6/conf/all/forwarding",
@@ -457,29 +433,16 @@ class Fabric(Testbed):
             ends.append((self.spine_ns(p, spine), f"l{leaf}"))
         return ends
 
-    def _set_ns_filter(self, ns: str, dev: str, pref: int, bytecode: str | None) -> None:
-        if bytecode is None:
-            _run(["tc", "-n", ns, "filter", "del", "dev", dev, "egress", "pref", str(pref)], check=False)
-            return
-        qd = _run(["tc", "-n", ns, "qdisc", "show", "dev", dev]).stdout
-        if "clsact" not in qd:
-            _run(["tc", "-n", ns, "qdisc", "add", "dev", dev, "clsact"])
-        _run(["tc", "-n", ns, "filter", "replace", "dev", dev, "egress", "pref", str(pref), "handle", "1",
-              "protocol", "all", "bpf", "da", "bytecode", bytecode])
-
     def link_blackhole(self, p: int, leaf: int, spine: int, on: bool = True,
                        direction: str = "both") -> None:
         """Gray failure: drop everything on the link in `direction`, carrier up."""
         for ns, dev in self._link_ends(p, leaf, spine, direction):
-            self._set_ns_filter(ns, dev, FAULT_PREF_BLACKHOLE, _CBPF_DROP_ALL if on else None)
+            set_egress_filter(ns, dev, FAULT_PREF_BLACKHOLE, _CBPF_DROP_ALL if on else None)
 
     def link_loss(self, p: int, leaf: int, spine: int, percent: float, direction: str = "both") -> None:
-        pct = int(round(float(percent)))
-        if not 0 <= pct <= 100:
-            raise TestbedError("percent must be 0..100")
-        code = None if pct == 0 else (_CBPF_DROP_ALL if pct == 100 else _cbpf_drop_percent(pct))
+        code = loss_bytecode(percent)
         for ns, dev in self._link_ends(p, leaf, spine, direction):
-            self._set_ns_filter(ns, dev, FAULT_PREF_LOSS, code)
+            set_egress_filter(ns, dev, FAULT_PREF_LOSS, code)
 
     def link_carrier(self, p: int, leaf: int, spine: int, up: bool) -> None:
         """Take the link down (both ends see it: the routers drop its next hop)."""
@@ -492,21 +455,10 @@ class Fabric(Testbed):
             _run(["tc", "-n", ns, *self._qdisc_cmd(dev, bits).split()])
 
     def link_status(self, p: int, leaf: int, spine: int) -> dict:
-        out = {}
-        for end, (ns, dev) in zip(("up", "down"), self._link_ends(p, leaf, spine, "both")):
-            filt = _run(["tc", "-n", ns, "filter", "show", "dev", dev, "egress"], check=False).stdout
-            faults = []
-            if f"pref {FAULT_PREF_BLACKHOLE} " in filt:
-                faults.append("blackhole")
-            lm = re.search(rf"pref {FAULT_PREF_LOSS} .*?53 0 1 (\d+),", filt)
-            if lm:
-                faults.append(f"loss {lm.group(1)}%")
-            elif f"pref {FAULT_PREF_LOSS} " in filt:
-                faults.append("loss 100%")
-            link = _run(["ip", "-n", ns, "-o", "link", "show", "dev", dev], check=False).stdout
-            m = re.search(r"state (\S+)", link)
-            out[end] = {"ns": ns, "dev": dev, "state": m.group(1) if m else "MISSING", "faults": faults}
-        return out
+        """Both ends of a link: "up" is the leaf's end (it sends toward the
+        spine), "down" the spine's."""
+        return {end: {"ns": ns, **device_status(ns, dev)}
+                for end, (ns, dev) in zip(("up", "down"), self._link_ends(p, leaf, spine, "both"))}
 
     def clear_faults(self, host: int | None = None, plane: int | None = None) -> None:
         for p, lf, s in self.links():
@@ -526,18 +478,15 @@ class Fabric(Testbed):
                   both: bool = False) -> None:
         self._set_filter(host, f"p{plane}", FAULT_PREF_BLACKHOLE, _CBPF_DROP_ALL if on else None)
         if both:
-            self._set_ns_filter(self.leaf_ns(plane, self.leaf_of(host)), f"h{host}",
+            set_egress_filter(self.leaf_ns(plane, self.leaf_of(host)), f"h{host}",
                                 FAULT_PREF_BLACKHOLE, _CBPF_DROP_ALL if on else None)
 
     def loss(self, host: int, plane: int, percent: float, peer: int | None = None,
              both: bool = False) -> None:
-        pct = int(round(float(percent)))
-        if not 0 <= pct <= 100:
-            raise TestbedError("percent must be 0..100")
-        code = None if pct == 0 else (_CBPF_DROP_ALL if pct == 100 else _cbpf_drop_percent(pct))
+        code = loss_bytecode(percent)
         self._set_filter(host, f"p{plane}", FAULT_PREF_LOSS, code)
         if both:
-            self._set_ns_filter(self.leaf_ns(plane, self.leaf_of(host)), f"h{host}", FAULT_PREF_LOSS, code)
+            set_egress_filter(self.leaf_ns(plane, self.leaf_of(host)), f"h{host}", FAULT_PREF_LOSS, code)
 
     def set_rate(self, host: int, plane: int, rate, peer: int | None = None, both_ends: bool = True) -> None:
         bits = parse_rate(rate)
@@ -546,15 +495,8 @@ class Fabric(Testbed):
             _run(["tc", "-n", self.leaf_ns(plane, self.leaf_of(host)),
                   *self._qdisc_cmd(f"h{host}", bits).split()])
 
-    def ping(self, i: int, j: int, p: int, family: int = 4, count: int = 1, timeout: float = 1,
-             interval: float = 0.2) -> bool:
-        cmd = ["ping", f"-{family}", "-n", "-q", "-c", str(count), "-W", str(timeout), "-i", str(interval),
-               "-I", f"p{p}", self.host_addr(j, p, family)]
-        cp = self.exec(i, cmd, check=False, timeout=count * (interval + timeout) + 5)
-        return cp.returncode == 0
-
     def device_status(self, i: int, j: int, p: int) -> dict:
-        return super().device_status(i, (i + 1) % self.n_hosts, p)
+        return device_status(self.ns(i), f"p{p}")
 
     def status(self) -> dict:
         lay = self.layout()

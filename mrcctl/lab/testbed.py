@@ -251,6 +251,52 @@ def cleanup(prefix: str = DEFAULT_PREFIX) -> list[str]:
     return removed
 
 
+def set_egress_filter(ns: str, dev: str, pref: int, bytecode: str | None) -> None:
+    """Install (or with bytecode None remove) a classic-BPF fault filter on
+    dev's egress in namespace ns."""
+    if bytecode is None:
+        _run(["tc", "-n", ns, "filter", "del", "dev", dev, "egress", "pref", str(pref)], check=False)
+        return
+    if "clsact" not in _run(["tc", "-n", ns, "qdisc", "show", "dev", dev]).stdout:
+        _run(["tc", "-n", ns, "qdisc", "add", "dev", dev, "clsact"])
+    _run(["tc", "-n", ns, "filter", "replace", "dev", dev, "egress", "pref", str(pref), "handle", "1",
+          "protocol", "all", "bpf", "da", "bytecode", bytecode])
+
+
+def loss_bytecode(percent: float) -> str | None:
+    """The filter dropping `percent` % at random; None for 0 (remove it)."""
+    pct = int(round(float(percent)))
+    if not 0 <= pct <= 100:
+        raise TestbedError("percent must be 0..100")
+    return None if pct == 0 else (_CBPF_DROP_ALL if pct == 100 else _cbpf_drop_percent(pct))
+
+
+def device_status(ns: str, dev: str) -> dict:
+    """Link state, root qdisc and fault filters of dev in namespace ns."""
+    link = _run(["ip", "-n", ns, "-o", "link", "show", "dev", dev], check=False).stdout
+    m = re.search(r"state (\S+)", link)
+    qd = _run(["tc", "-n", ns, "qdisc", "show", "dev", dev], check=False).stdout
+    root = next((ln for ln in qd.splitlines() if " root " in ln), "")
+    kind = re.search(r"qdisc (\S+)", root)
+    qrate = re.search(r" rate (\S+)", root)
+    filt = _run(["tc", "-n", ns, "filter", "show", "dev", dev, "egress"], check=False).stdout
+    faults = []
+    if f"pref {FAULT_PREF_BLACKHOLE} " in filt:
+        faults.append("blackhole")
+    lm = re.search(rf"pref {FAULT_PREF_LOSS} .*?53 0 1 (\d+),", filt)
+    if lm:
+        faults.append(f"loss {lm.group(1)}%")
+    elif f"pref {FAULT_PREF_LOSS} " in filt:
+        faults.append("loss 100%")
+    return {
+        "dev": dev,
+        "state": m.group(1) if m else "MISSING",
+        "no_carrier": "NO-CARRIER" in link,
+        "qdisc": (kind.group(1) + (f" {qrate.group(1)}" if qrate else "")) if kind else "?",
+        "faults": faults,
+    }
+
+
 # --------------------------------------------------------------------------
 
 
@@ -412,9 +458,10 @@ class Testbed:
         weights = weights or [1] * self.n_planes
         lines = ["[overlay]", f'device = "{device}"',
                  f'address = "{self.overlay_addr(i)}/{overlay_prefix}"', ""]
-        for j in peers:
-            for p in range(self.n_planes):
-                lines += ["[[plane]]", f'device = "{self.dev(i, j, p)}"', f"weight = {weights[p]}", ""]
+        # a device per peer and plane here; one per plane on a routed fabric
+        devices = dict.fromkeys((self.dev(i, j, p), p) for j in peers for p in range(self.n_planes))
+        for dev, p in devices:
+            lines += ["[[plane]]", f'device = "{dev}"', f"weight = {weights[p]}", ""]
         for j in peers:
             lines += ["[[peer]]", f'name = "h{j}"', f'overlay = "{self.overlay_addr(j)}"',
                       f"evs_per_plane = {evs}"]
@@ -612,18 +659,8 @@ class Testbed:
         peers = self.peers(host) if peer is None else [peer]
         return [(host, j, self.dev(host, j, plane)) for j in peers]
 
-    def _ensure_clsact(self, i: int, dev: str) -> None:
-        out = self._tc(i, ["qdisc", "show", "dev", dev]).stdout
-        if "clsact" not in out:
-            self._tc(i, ["qdisc", "add", "dev", dev, "clsact"])
-
     def _set_filter(self, i: int, dev: str, pref: int, bytecode: str | None) -> None:
-        if bytecode is None:
-            self._tc(i, ["filter", "del", "dev", dev, "egress", "pref", str(pref)], check=False)
-            return
-        self._ensure_clsact(i, dev)
-        self._tc(i, ["filter", "replace", "dev", dev, "egress", "pref", str(pref), "handle", "1",
-                     "protocol", "all", "bpf", "da", "bytecode", bytecode])
+        set_egress_filter(self.ns(i), dev, pref, bytecode)
 
     def blackhole(self, host: int, plane: int, on: bool = True, peer: int | None = None, both: bool = False) -> None:
         """Drop everything host sends on plane (toward peer, or every peer).
@@ -636,10 +673,7 @@ class Testbed:
 
     def loss(self, host: int, plane: int, percent: float, peer: int | None = None, both: bool = False) -> None:
         """Drop `percent` % (random, 0..100) of what host sends on plane; 0 removes."""
-        pct = int(round(float(percent)))
-        if not 0 <= pct <= 100:
-            raise TestbedError("percent must be 0..100")
-        code = None if pct == 0 else (_CBPF_DROP_ALL if pct == 100 else _cbpf_drop_percent(pct))
+        code = loss_bytecode(percent)
         for i, j, dev in self._targets(host, plane, peer):
             self._set_filter(i, dev, FAULT_PREF_LOSS, code)
             if both:
@@ -671,29 +705,7 @@ class Testbed:
     # ---- inspection --------------------------------------------------------
 
     def device_status(self, i: int, j: int, p: int) -> dict:
-        dev = self.dev(i, j, p)
-        link = _run(["ip", "-n", self.ns(i), "-o", "link", "show", "dev", dev], check=False).stdout
-        m = re.search(r"state (\S+)", link)
-        qd = self._tc(i, ["qdisc", "show", "dev", dev], check=False).stdout
-        root = next((ln for ln in qd.splitlines() if " root " in ln), "")
-        kind = re.search(r"qdisc (\S+)", root)
-        qrate = re.search(r" rate (\S+)", root)
-        filt = self._tc(i, ["filter", "show", "dev", dev, "egress"], check=False).stdout
-        faults = []
-        if f"pref {FAULT_PREF_BLACKHOLE} " in filt:
-            faults.append("blackhole")
-        lm = re.search(rf"pref {FAULT_PREF_LOSS} .*?53 0 1 (\d+),", filt)
-        if lm:
-            faults.append(f"loss {lm.group(1)}%")
-        elif f"pref {FAULT_PREF_LOSS} " in filt:
-            faults.append("loss 100%")
-        return {
-            "dev": dev,
-            "state": m.group(1) if m else "MISSING",
-            "no_carrier": "NO-CARRIER" in link,
-            "qdisc": (kind.group(1) + (f" {qrate.group(1)}" if qrate else "")) if kind else "?",
-            "faults": faults,
-        }
+        return device_status(self.ns(i), self.dev(i, j, p))
 
     def status(self) -> dict:
         lay = self.layout()
