@@ -34,7 +34,7 @@ struct mrc_unit {
 	__u16	seg_size;
 	__u16	fb_path;
 	__u8	flags;
-	__u8	tos;		/* inner DSCP, copied to the outer header */
+	__u8	tos;		/* inner DSCP and ECN, copied to the outer header */
 };
 
 /* An MRC frame as mrc_rx sees it: outer headers, then the inner packet. */

@@ -95,7 +95,8 @@ enum mrc_reason {
 	MRC_R_RX_PROBE_REPLY	= 15,	/* not a drop: replies consumed */
 	MRC_R_RX_PASS_VLAN	= 16,	/* not a drop: VLAN-tagged, passed untouched */
 	MRC_R_RX_PASS_FRAGMENT	= 17,	/* not a drop: non-first UDP fragment, passed */
-	MRC_R_MAX		= 18,
+	MRC_R_RX_ECN_NOT_ECT	= 18,	/* CE outside on a not-ECT inner packet (RFC 6040) */
+	MRC_R_MAX		= 19,
 };
 
 /* mrc_cfg: ARRAY[1], instance-wide settings the control plane may change
@@ -267,6 +268,9 @@ struct mrc_path_stats {
 	__u64	tx_steered;	/* of tx_packets: TCP retransmissions sent here
 				 * as the freshest path, not by the slot table;
 				 * writer: mrc_tx (tx.bpf.c) */
+	__u64	rx_ce;		/* arrived with CE in the outer header: the
+				 * fabric marked congestion on this path;
+				 * writer: mrc_rx (rx.bpf.c, bpf/ecn.h) */
 	__u64	rx_ooo_hist[MRC_PATH_HIST];	/* out-of-order arrivals by
 				 * distance below the highest PSN: bucket b
 				 * holds 2^b..2^(b+1)-1, the last one more;

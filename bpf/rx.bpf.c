@@ -26,6 +26,7 @@
 #include "evidence.h"
 #include "reorder.h"
 #include "dedup.h"
+#include "ecn.h"
 
 /* A probe reply: an RTT sample and maybe a recovery for our path. */
 static __always_inline __u32 rx_probe_reply(const struct mrc_config *cfg,
@@ -76,6 +77,7 @@ static __always_inline __u32 rx_process(void *data, void *data_end, __u32 ifinde
 	struct mrc_path_stats *st;
 	struct mrc_hdr *mh;
 	__u32 peer_idx, path_id, type, psn, v, now_us = 0;
+	int ecn;
 	__u64 now = 0;
 	bool receipt;
 
@@ -136,6 +138,15 @@ static __always_inline __u32 rx_process(void *data, void *data_end, __u32 ifinde
 	 * still counted as evidence above. */
 	if ((mh->flags & MRC_F_HEDGE) && dedup_seen(peer_idx, psn))
 		return RX_V(RX_DROP, MRC_R_RX_DUPLICATE);
+
+	/* ECN: the fabric's CE reaches the inner packet (bpf/ecn.h). */
+	ecn = ecn_decap(f->l3.tos, f->inner.tos);
+	if ((f->l3.tos & IP_ECN_MASK) == ECN_CE)
+		st->rx_ce += 1;
+	if (ecn < 0)
+		return RX_V(RX_DROP, MRC_R_RX_ECN_NOT_ECT);
+	if (ecn != (f->inner.tos & IP_ECN_MASK))
+		ecn_set(&f->inner, ecn);
 	return RX_V(RX_DELIVER, RX_NOT_COUNTED);
 }
 

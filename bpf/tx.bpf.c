@@ -165,7 +165,7 @@ static __always_inline __u32 tx_process(struct __sk_buff *skb, struct tx_out *ou
 	 * one). Read gso_segs now: adjust_room resets it. */
 	u.segs = skb->gso_segs ? skb->gso_segs : 1;
 	u.seg_size = skb->gso_size;
-	u.tos = in.tos & IP_DSCP_MASK;	/* we do not propagate ECN */
+	u.tos = in.tos;	/* DSCP and ECN: RFC 6040 normal mode (bpf/ecn.h) */
 	if (!tcp) {
 		u.seg_size = 0;	/* receiver numbers TCP segments only */
 	} else if (tcp_len > 0 && !skb->gso_segs && u.seg_size) {

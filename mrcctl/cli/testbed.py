@@ -271,6 +271,16 @@ def link_rate_cmd(prefix, as_json, plane, leaf, spine, direction, rate):
     _run(lambda: _fabric(prefix).set_link_rate(plane, leaf, spine, rate, direction))
 
 
+@link.command("ecn")
+@_common
+@_link
+@_direction
+@click.option("--off", is_flag=True, help="restore")
+def link_ecn(prefix, as_json, plane, leaf, spine, direction, off):
+    """Mark CE on every ECN-capable packet the link carries (a congested, marking queue)."""
+    _run(lambda: _fabric(prefix).link_ecn_mark(plane, leaf, spine, not off, direction))
+
+
 @link.command("carrier")
 @_common
 @_link

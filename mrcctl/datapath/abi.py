@@ -117,6 +117,7 @@ class Reason(_LabelEnum):
     RX_PROBE_REPLY = 15
     RX_PASS_VLAN = 16
     RX_PASS_FRAGMENT = 17
+    RX_ECN_NOT_ECT = 18
 
     @property
     def is_drop(self) -> bool:
@@ -135,7 +136,7 @@ def reason_is_drop(label: str) -> bool:
     return "probe" not in label
 
 
-MRC_R_MAX = 18
+MRC_R_MAX = 19
 
 
 class EvReason(_LabelEnum):
@@ -546,7 +547,7 @@ class PathStats(_Counters):
     C_NAME: ClassVar[str] = "mrc_path_stats"
     LAYOUT: ClassVar = tuple((n, "Q") for n in (
         "tx_packets", "tx_bytes", "rx_packets", "rx_bytes", "rx_ooo", "rx_dup",
-        "probes_tx", "probes_rx", "rx_late", "tx_steered")) + (("rx_ooo_hist", f"{MRC_PATH_HIST}Q"),)
+        "probes_tx", "probes_rx", "rx_late", "tx_steered", "rx_ce")) + (("rx_ooo_hist", f"{MRC_PATH_HIST}Q"),)
 
 
 @_struct

@@ -49,7 +49,7 @@ from typing import Iterable
 
 from ..datapath.objects import bpf_dir
 from . import testbed as tbmod
-from .testbed import (FAULT_PREF_BLACKHOLE, FAULT_PREF_LOSS, Testbed, TestbedError, _CBPF_DROP_ALL, _run,
+from .testbed import (FAULT_PREF_BLACKHOLE, FAULT_PREF_ECN, FAULT_PREF_LOSS, Testbed, TestbedError, _CBPF_DROP_ALL, _run,
                       device_status, format_rate, loss_bytecode, parse_rate, set_egress_filter)
 
 DEFAULT_PREFIX = "mrcf"
@@ -65,6 +65,7 @@ DIRECTIONS = ("up", "down", "both")
 # took one spine, whatever `ip route get` said.
 HASH_FIELDS = 0x0001 | 0x0002 | 0x0004 | 0x0010 | 0x0020
 XDP_PASS_OBJ = bpf_dir() / "xdp_pass.bpf.o"
+ECN_MARK_OBJ = bpf_dir() / "ecn_mark.bpf.o"
 
 
 class Fabric(Testbed):
@@ -444,6 +445,21 @@ class Fabric(Testbed):
         for ns, dev in self._link_ends(p, leaf, spine, direction):
             set_egress_filter(ns, dev, FAULT_PREF_LOSS, code)
 
+    def link_ecn_mark(self, p: int, leaf: int, spine: int, on: bool = True, direction: str = "both") -> None:
+        """A congested link that marks CE on every ECN-capable packet instead
+        of dropping it (bpf/ecn_mark.bpf.c: this kernel has no RED/CoDel)."""
+        for ns, dev in self._link_ends(p, leaf, spine, direction):
+            if not on:
+                _run(["tc", "-n", ns, "filter", "del", "dev", dev, "egress", "pref", str(FAULT_PREF_ECN)],
+                     check=False)
+                continue
+            if not ECN_MARK_OBJ.exists():
+                raise TestbedError(f"{ECN_MARK_OBJ} is missing: build the BPF objects (make -C bpf)")
+            if "clsact" not in _run(["tc", "-n", ns, "qdisc", "show", "dev", dev]).stdout:
+                _run(["tc", "-n", ns, "qdisc", "add", "dev", dev, "clsact"])
+            _run(["tc", "-n", ns, "filter", "replace", "dev", dev, "egress", "pref", str(FAULT_PREF_ECN),
+                  "handle", "1", "bpf", "da", "obj", str(ECN_MARK_OBJ), "sec", "tc"])
+
     def link_carrier(self, p: int, leaf: int, spine: int, up: bool) -> None:
         """Take the link down (both ends see it: the routers drop its next hop)."""
         self._check_fabric_link(p, leaf, spine)
@@ -465,6 +481,7 @@ class Fabric(Testbed):
             if plane in (None, p):
                 self.link_blackhole(p, lf, s, on=False)
                 self.link_loss(p, lf, s, 0)
+                self.link_ecn_mark(p, lf, s, on=False)
                 self.link_carrier(p, lf, s, True)
         super().clear_faults(host, plane)
 

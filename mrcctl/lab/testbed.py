@@ -78,6 +78,7 @@ MAX_PLANES = 55  # keeps 200+p <= 255
 
 FAULT_PREF_BLACKHOLE = 4901
 FAULT_PREF_LOSS = 4902
+FAULT_PREF_ECN = 4903   # CE marking (bpf/ecn_mark.bpf.c), on fabric links
 TBF_LATENCY = "20ms"
 TBF_MIN_BURST = 16 * 1024
 PFIFO_LIMIT = 1000
@@ -288,6 +289,8 @@ def device_status(ns: str, dev: str) -> dict:
         faults.append(f"loss {lm.group(1)}%")
     elif f"pref {FAULT_PREF_LOSS} " in filt:
         faults.append("loss 100%")
+    if f"pref {FAULT_PREF_ECN} " in filt:
+        faults.append("ecn-mark")
     return {
         "dev": dev,
         "state": m.group(1) if m else "MISSING",

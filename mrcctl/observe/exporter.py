@@ -34,6 +34,7 @@ PATH_COUNTERS = {
     "rx_bytes": ("mrc_path_rx_bytes", "Bytes received on the path."),
     "rx_ooo": ("mrc_path_rx_out_of_order_packets", "Packets that arrived with a PSN below the highest seen."),
     "rx_dup": ("mrc_path_rx_duplicate_packets", "Duplicate packets (by PSN) received on the path."),
+    "rx_ce": ("mrc_path_rx_ce_packets", "Packets received on the path with CE marked by the fabric (RFC 6040)."),
     "probes_tx": ("mrc_path_probes_sent", "EV probes sent on the path."),
     "probes_rx": ("mrc_path_probes_received", "EV probe replies received on the path."),
 }

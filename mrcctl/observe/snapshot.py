@@ -105,6 +105,7 @@ def _snapshot(cfg: cfgmod.Config, dp: Datapath) -> dict:
                 "rx_ooo": st.rx_ooo,
                 "rx_dup": st.rx_dup,
                 "rx_late": st.rx_late,
+                "rx_ce": st.rx_ce,
                 "rx_ooo_hist": _hist(st.rx_ooo_hist),
                 "slot_share": None,
                 "probes_tx": st.probes_tx,

@@ -84,3 +84,27 @@ def test_hedged_copies_cross_the_fabric(lab):
         for i in (0, 1):
             lab.write_config(i, evs=EVS, extra=HEALTH)
             lab.mrcctl(i, "up")
+
+
+def test_ce_marked_on_one_link_reaches_the_inner_tcp_and_is_counted_on_its_evs(lab):
+    """RFC 6040 end to end: a marking link on plane 0 (leaf 0 -> spine s);
+    the receiver counts CE on exactly the EVs the leaf hashes across it, and
+    the sender's TCP hears of the congestion (ECE: TcpExtTCPDeliveredCE)."""
+    evs = [x["ev"] for x in lab.paths(0, "h1") if x["plane"] == "p0"]
+    spines = lab.tb.ev_spines(0, 0, 1, evs)
+    spine = max((0, 1), key=lambda s: sum(1 for v in spines.values() if v == s))
+    marked = {ev for ev, s in spines.items() if s == spine}
+    lab.tb.exec(0, ["sysctl", "-qw", "net.ipv4.tcp_ecn=1"])
+    lab.tb.link_ecn_mark(0, 0, spine, direction="up")
+    try:
+        ce0 = {x["ev"]: x["rx_ce"] for x in lab.paths(1, "h0")}
+        before = lab.nstat(0).get("TcpExtTCPDeliveredCE", 0)
+        s, r = lab.transfer(0, 1, "16M", port=5603)
+        assert s["sha256"] == r["sha256"]
+        ce = {x["ev"]: x["rx_ce"] - ce0[x["ev"]] for x in lab.paths(1, "h0")}
+        # the receiver names the sender's paths by the same ids and EVs
+        assert {ev for ev, n in ce.items() if n > 0} == marked, (ce, spines)
+        assert lab.nstat(0).get("TcpExtTCPDeliveredCE", 0) > before
+    finally:
+        lab.tb.link_ecn_mark(0, 0, spine, on=False)
+        lab.tb.exec(0, ["sysctl", "-qw", "net.ipv4.tcp_ecn=2"])

@@ -70,7 +70,12 @@ def _inner(rng: random.Random) -> bytes:
     else:
         body = pkt.udp(5201, 40000, rng.randbytes(n))
         proto = pkt.IPPROTO_UDP
-    return pkt.ipv4(PEER_OVERLAY, LOCAL_OVERLAY, proto, body, ident=rng.getrandbits(16))
+    return pkt.ipv4(PEER_OVERLAY, LOCAL_OVERLAY, proto, body, ident=rng.getrandbits(16), tos=_tos(rng))
+
+
+def _tos(rng: random.Random) -> int:
+    """DSCP and every ECN codepoint (RFC 6040 decapsulation rules)."""
+    return rng.choice([0, 0xB8]) | rng.randrange(4)
 
 
 def _hdr(rng: random.Random, mtype: int) -> bytes:
@@ -93,10 +98,10 @@ def mrc_seed(rng: random.Random, family: int, mtype: int = wire.MsgType.DATA, re
     if family == 4:
         src = src or rng.choice([PATHS[0].daddr, PATHS[3].daddr, OTHER_PLANE_SRC, EMPTY_PEER_SRC])
         return pkt.eth(OUR_MAC, PEER_MAC, pkt.ETH_P_IP) + pkt.ipv4(
-            src, PATHS[0].saddr, pkt.IPPROTO_UDP, payload, ident=rng.getrandbits(16))
+            src, PATHS[0].saddr, pkt.IPPROTO_UDP, payload, ident=rng.getrandbits(16), tos=_tos(rng))
     src = src or rng.choice([PATHS[1].daddr, WIDE_PEER_SRC])
     return pkt.eth(OUR_MAC, PEER_MAC, pkt.ETH_P_IPV6) + pkt.ipv6(
-        src, PATHS[1].saddr, pkt.IPPROTO_UDP, payload, flow=rng.getrandbits(20))
+        src, PATHS[1].saddr, pkt.IPPROTO_UDP, payload, flow=rng.getrandbits(20), tc=_tos(rng))
 
 
 def other_seed(rng: random.Random) -> bytes:

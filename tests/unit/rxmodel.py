@@ -166,9 +166,25 @@ class RxModel:
         ioff = moff + MRC_HDR
         if ioff + 20 > n or f[ioff] >> 4 != 4 or f[ioff] & 0x0F < 5:
             return Verdict(XDP_DROP, R.RX_BAD_INNER, None, moff)
+        # ECN, RFC 6040: CE outside a not-ECT inner packet is dropped; CE,
+        # or ECT(1) over ECT(0), is merged into the inner header (checksum
+        # updated incrementally, as the program does).
+        outer = (f[15] if family == 4 else f[15] >> 4) & 3
+        inner = bytearray(f[ioff:])
+        ecn = inner[1] & 3
+        if outer == 3 and ecn == 0:
+            return Verdict(XDP_DROP, R.RX_ECN_NOT_ECT, None, moff)
+        new = 3 if outer == 3 else (1 if outer == 1 and ecn == 2 else ecn)
+        if new != ecn:
+            old = _u16(inner, 0)
+            inner[1] = (inner[1] & 0xFC) | new
+            s = (~_u16(inner, 10) & 0xFFFF) + (~old & 0xFFFF) + _u16(inner, 0)
+            s = (s & 0xFFFF) + (s >> 16)
+            s = (s & 0xFFFF) + (s >> 16)
+            inner[10:12] = struct.pack("!H", ~s & 0xFFFF)
         # Decapsulated: the outer MACs, ethertype IPv4, then everything
         # after the MRC header (Ethernet padding included).
-        return Verdict(XDP_PASS, None, f[0:12] + b"\x08\x00" + f[ioff:], moff)
+        return Verdict(XDP_PASS, None, f[0:12] + b"\x08\x00" + bytes(inner), moff)
 
     @staticmethod
     def _probe_reply(f: bytes, family: int, uoff: int, moff: int) -> bytes:

@@ -38,7 +38,7 @@ def test_rx_fuzz_matches_model(fz):
     reached = {k.split()[-1] for k in res.verdicts}
     for r in (R.RX_TRUNCATED, R.RX_BAD_VERSION, R.RX_UNKNOWN_PEER, R.RX_UNKNOWN_PATH, R.RX_BAD_TYPE,
               R.RX_FRAGMENT, R.RX_IP_OPTIONS, R.RX_BAD_INNER, R.RX_PROBE_REPLIED, R.RX_PROBE_REPLY,
-              R.RX_PASS_VLAN, R.RX_PASS_FRAGMENT):
+              R.RX_PASS_VLAN, R.RX_PASS_FRAGMENT, R.RX_ECN_NOT_ECT):
         assert r.label in reached, f"no frame reached {r.label}: {dict(res.verdicts)}"
     assert {"untouched", "decapsulated"} <= reached
     assert res.verdicts["rx PASS decapsulated"] > RX_FRAMES // 50

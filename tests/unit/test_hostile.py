@@ -175,6 +175,17 @@ def test_inner_packet_cut_or_not_ipv4(hd):
     rx(hd, frame(inner=bytes(bad_ihl), **fresh()), XDP_DROP, R.RX_BAD_INNER)
 
 
+@pytest.mark.parametrize("family", [4, 6])
+def test_congestion_mark_on_a_transport_that_cannot_hear_it(hd, family):
+    """RFC 6040: outer CE over a not-ECT inner packet is dropped; over an
+    ECT one it is merged into the inner header (model and program agree)."""
+    ce = {"tos": 0x03} if family == 4 else {"tc": 0x03}
+    rx(hd, frame(family, ip_kw=ce, path_id=family - 4, **fresh()), XDP_DROP, R.RX_ECN_NOT_ECT)
+    ect = pkt.ipv4(PEER_OVERLAY, LOCAL_OVERLAY, pkt.IPPROTO_TCP, pkt.tcp(5201, 40001, 1, b"p" * 50), tos=0x02)
+    out = rx(hd, frame(family, inner=ect, ip_kw=ce, path_id=family - 4, **fresh()), XDP_PASS, None)
+    assert out[15] & 0x03 == 0x03 and wire.inet_csum(out[14:34]) == 0
+
+
 @pytest.mark.parametrize("version", [0, 2, 3, 15])
 def test_wrong_version(hd, version):
     rx(hd, frame(version=version, **fresh()), XDP_DROP, R.RX_BAD_VERSION)

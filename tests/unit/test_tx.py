@@ -59,7 +59,7 @@ def test_encap_ipv4(dp):
     (vihl, tos, tot_len, ident, frag, ttl, proto, _ck, src, dst) = struct.unpack(
         "!BBHHHBBH4s4s", ip)
     assert vihl == 0x45
-    assert tos == 0xB8                 # DSCP copied, ECN not
+    assert tos == 0xB9                 # DSCP and ECN copied (RFC 6040 normal mode)
     assert tot_len == len(out) - 14
     assert ident == 0                  # low 16 bits of PSN 0
     assert frag == 0x4000              # DF, no fragment
