@@ -41,39 +41,38 @@ def _inner(ecn: int) -> bytes:
 
 
 @pytest.mark.parametrize("family", [4, 6], ids=["outer-ipv4", "outer-ipv6"])
-@pytest.mark.parametrize("desc,outer,inner,out_ecn", DECAP, ids=[c[0] for c in DECAP])
-def test_decap_merges_outer_ecn(dp, family, desc, outer, inner, out_ecn):
+def test_decap_merges_outer_ecn(dp, family):
     path = 0 if family == 4 else 1
-    ip_kw = {"tos": DSCP | outer} if family == 4 else {"tc": DSCP | outer}
-    frame = pkt.mrc_frame(family, inner=_inner(inner), path_id=path, psn=5, ip_kw=ip_kw)
-    ce_before = dp.stats(path).rx_ce
-    before = dp.drops()
-    ret, out = dp.run_rx(frame)
-    assert dp.stats(path).rx_ce - ce_before == (1 if outer == CE else 0), desc
-    if out_ecn is None:
-        assert ret == XDP_DROP, desc
-        assert drops_delta(before, dp.drops()) == {wire.Reason.RX_ECN_NOT_ECT: 1}
-        return
-    assert ret == XDP_PASS, desc
-    got = out[14:]
-    want = _inner(out_ecn)
-    assert got == want, desc                      # TOS byte and header checksum as if built so
-    assert got[1] == DSCP | out_ecn
-    assert wire.inet_csum(got[:20]) == 0, "inner IPv4 checksum must verify"
+    for desc, outer, inner, out_ecn in DECAP:   # one datapath for the table: loading is the slow part
+        ip_kw = {"tos": DSCP | outer} if family == 4 else {"tc": DSCP | outer}
+        frame = pkt.mrc_frame(family, inner=_inner(inner), path_id=path, psn=5, ip_kw=ip_kw)
+        ce_before = dp.stats(path).rx_ce
+        before = dp.drops()
+        ret, out = dp.run_rx(frame)
+        assert dp.stats(path).rx_ce - ce_before == (1 if outer == CE else 0), desc
+        if out_ecn is None:
+            assert ret == XDP_DROP, desc
+            assert drops_delta(before, dp.drops()) == {wire.Reason.RX_ECN_NOT_ECT: 1}, desc
+            continue
+        assert ret == XDP_PASS, desc
+        got = out[14:]
+        assert got == _inner(out_ecn), desc      # TOS byte and header checksum as if built so
+        assert got[1] == DSCP | out_ecn, desc
+        assert wire.inet_csum(got[:20]) == 0, f"{desc}: inner IPv4 checksum must verify"
 
 
 @pytest.mark.parametrize("path", [0, 1], ids=["outer-ipv4", "outer-ipv6"])
-@pytest.mark.parametrize("ecn", [NOT_ECT, ECT1, ECT0, CE])
-def test_encap_copies_inner_ecn_to_the_outer_header(dp, path, ecn):
+def test_encap_copies_inner_ecn_to_the_outer_header(dp, path):
     dp.set_slots([path])
-    inner = pkt.overlay(pkt.udp(40000, 5201, b"q" * 64), tos=DSCP | ecn)
-    ret, out = dp.run_tx(inner)
-    assert ret == TC_ACT_REDIRECT
-    if PATHS[path].family == 4:
-        tos = out[15]
-    else:
-        tos = (struct.unpack("!I", out[14:18])[0] >> 20) & 0xFF
-    assert tos == DSCP | ecn
-    # and through the receiver again the inner packet is unchanged
-    ret, back = dp.run_rx(out)
-    assert ret == XDP_PASS and back[14:] == inner[14:]
+    for ecn in (NOT_ECT, ECT1, ECT0, CE):
+        inner = pkt.overlay(pkt.udp(40000, 5201, b"q" * 64), tos=DSCP | ecn)
+        ret, out = dp.run_tx(inner)
+        assert ret == TC_ACT_REDIRECT
+        if PATHS[path].family == 4:
+            tos = out[15]
+        else:
+            tos = (struct.unpack("!I", out[14:18])[0] >> 20) & 0xFF
+        assert tos == DSCP | ecn, ecn
+        # and through the receiver again the inner packet is unchanged
+        ret, back = dp.run_rx(out)
+        assert ret == XDP_PASS and back[14:] == inner[14:], ecn
