@@ -16,18 +16,31 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import selectors
 import signal
+import socket
 import time
 from dataclasses import dataclass, field
 from typing import Callable
 
 from ..datapath import abi
 from ..datapath.maps import Datapath
+from ..errors import MrcError
 from ..instance import config as cfgmod
-from ..instance.state import Instance
+from ..instance import reconcile
+from ..instance.state import Instance, named_netns
 
 log = logging.getLogger("mrc.agent")
+
+ORPHAN_CHECK_S = 1.0
+
+
+def _ifindex(dev: str) -> int:
+    try:
+        return socket.if_nametoindex(dev)
+    except OSError:
+        return 0
 
 
 @dataclass
@@ -50,6 +63,11 @@ class Agent:
         self.sel = selectors.DefaultSelector()
         self.stopping = False
         self.started = time.monotonic()
+        self.orphaned = ""
+        # A namespace `ip netns` named when we started and no longer does
+        # was deleted: we are all that keeps it (and its devices) alive.
+        self.named_ns = named_netns(self.inst.netns)
+        self.add_task("orphan", ORPHAN_CHECK_S, self._check_orphan)
 
     # ------------------------------------------------------------ registration
     def add_task(self, name: str, period_s: float, fn: Callable[[float], None]) -> Task:
@@ -70,6 +88,19 @@ class Agent:
                 raw = paths_m.lookup(key)
                 if raw is not None:
                     yield peer, path, key, abi.Path.unpack(raw)
+
+    def _check_orphan(self, _now: float) -> None:
+        """Exit when what the agent serves is gone without `down`: the
+        overlay device was deleted (tear down the rest as `down` would) or
+        the namespace was deleted (its devices go when we leave it)."""
+        if self.named_ns and not named_netns(self.inst.netns):
+            self.orphaned = "its network namespace was deleted"
+        elif not _ifindex(self.cfg.overlay_device):
+            self.orphaned = f"overlay device {self.cfg.overlay_device} was deleted"
+        else:
+            return
+        log.warning("%s without `mrcctl down`: cleaning up and exiting", self.orphaned)
+        self.stopping = True
 
     # ------------------------------------------------------------ the loop
     def stop(self, *_):
@@ -104,6 +135,21 @@ class Agent:
     def close(self) -> None:
         self.sel.close()
         self.dp.close()
+        if self.orphaned:
+            self._clean_up_orphan()
+
+    def _clean_up_orphan(self) -> None:
+        state = self.inst.read()
+        if state.get("agent_pid") == os.getpid():
+            state.pop("agent_pid")     # down() must not signal us
+            self.inst.write(state)
+        if self.named_ns and not named_netns(self.inst.netns):
+            self.inst.remove()
+            return
+        try:
+            reconcile.down(self.cfg)
+        except Exception:
+            log.exception("clean-up after %s failed", self.orphaned)
 
 
 # Modules of this package that register agent subsystems with @subsystem
@@ -119,8 +165,15 @@ def build(cfg: cfgmod.Config) -> Agent:
     for name in SUBSYSTEM_MODULES:
         importlib.import_module(f"{__package__}.{name}")
     agent = Agent(cfg)
-    for setup in _SUBSYSTEMS:
-        setup(agent)
+    try:
+        for setup in _SUBSYSTEMS:
+            setup(agent)
+    except MrcError:
+        if _ifindex(cfg.overlay_device):
+            raise
+        # deleted while we started: run() goes straight to the clean-up
+        agent.orphaned = f"overlay device {cfg.overlay_device} was deleted"
+        agent.stopping = True
     return agent
 
 

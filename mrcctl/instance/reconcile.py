@@ -25,12 +25,16 @@ from . import supervisor, topology
 from .fill import fill_maps
 from .lock import InstanceLock
 from .preflight import preflight
-from .state import Instance
+from .state import Instance, remove_stale
 
 
 def up(cfg: cfgmod.Config, agent: bool = True) -> str:
     with InstanceLock(Instance(cfg.overlay_device)):
-        return _up(cfg, agent)
+        stale = remove_stale()
+        msg = _up(cfg, agent)
+    if stale:
+        msg += f" (removed {len(stale)} stale instance record(s) of deleted namespaces: {', '.join(stale)})"
+    return msg
 
 
 def _up(cfg: cfgmod.Config, agent: bool = True) -> str:

@@ -64,3 +64,48 @@ class Instance:
 def all_instances() -> list[str]:
     d = RUN_DIR / "instances"
     return sorted(p.name for p in d.iterdir()) if d.exists() else []
+
+
+NETNS_DIR = Path("/run/netns")
+
+
+def named_netns(ino: int) -> bool:
+    """Is network namespace `ino` one that `ip netns` names (as far as this
+    process's mount namespace shows /run/netns)?"""
+    return ino in _inodes(NETNS_DIR.glob("*"))
+
+
+def _inodes(paths) -> set[int]:
+    out = set()
+    for p in paths:
+        try:
+            out.add(p.stat().st_ino)
+        except OSError:     # deleted while we looked
+            pass
+    return out
+
+
+def live_netns() -> set[int]:
+    """Inodes of every network namespace that still exists: named ones and
+    those some process is in."""
+    return _inodes(NETNS_DIR.glob("*")) | _inodes(Path("/proc").glob("[0-9]*/ns/net"))
+
+
+def stale_instances() -> list[str]:
+    """Records whose network namespace is gone: nothing of theirs exists any
+    more (devices and programs went with the namespace), only the files."""
+    live = live_netns()
+    out = []
+    for key in all_instances():
+        ns, _, _dev = key.partition("-")
+        if ns.startswith("ns") and ns[2:].isdigit() and int(ns[2:]) not in live:
+            out.append(key)
+    return out
+
+
+def remove_stale() -> list[str]:
+    """Delete the records stale_instances() names; returns their keys."""
+    keys = stale_instances()
+    for key in keys:
+        shutil.rmtree(RUN_DIR / "instances" / key, ignore_errors=True)
+    return keys
