@@ -141,7 +141,8 @@ def test_gray_link_retires_exactly_its_evs_then_recovers(lab, tmp_path):
                 p.kill()
     assert s["sha256"] == r["sha256"] and s["bytes"] == r["bytes"] and not r["reset"]
     print(f"gray link p0 l0 s{spine} up: across {across}, longest goodput gap {_max_gap_ms(timeline):g} ms, "
-          f"retired {[(e['plane'], e['ev'], e['reason'], e.get('age_us')) for e in retired]}")
+          f"retired (ms after the fault, plane, EV, reason, age us) "
+          f"{[(round((e['time'] - t0) * 1000), e['plane'], e['ev'], e['reason'], e.get('age_us')) for e in retired]}")
     detail = [(e["plane"], e["ev"], e["reason"], e["source"], e.get("age_us")) for e in retired]
     # exactly the EVs across the dead link, on no other plane
     assert {(e["plane"], e["ev"]) for e in retired} == {(plane, ev) for ev in across}, \
