@@ -424,3 +424,89 @@ def test_echo_prefers_unechoed_receipt(hdp):
     h = hdr_of(out)
     assert h.flags & wire.MRC_F_FEEDBACK and h.fb_path == 2 and h.fb_ts == 222
     assert hdp.live(2).fb_echoed == 222
+
+
+# ------------------------------------------------ sibling-relative verdicts
+
+def test_common_mode_delay_moves_no_path(hdp):
+    """A busy host: evidence for every path comes late and in bursts (each
+    path's evidence gap and delay deviation show it). Path 2's echo, for a
+    unit sent 20 ms after path 0's oldest one, arrived first; path 0's echo
+    is simply next in the burst. Within the path's measured window
+    (gap + 4 x deviation = 35 ms): no strike, no verdict - a fixed 5 ms
+    threshold retired it."""
+    hdp.set_slots([0])
+    now = time.monotonic_ns()
+    for strike in (0, now - 45 * MS):
+        hdp.set_live(0, unacked_ns=now - 50 * MS, last_ack_ns=now - 60 * MS, strike_ns=strike,
+                     ev_rtt_us=10_000, ev_gap_us=15_000, ev_var_us=5_000)
+        hdp.set_live(2, ev_rtt_us=10_000, ev_gap_us=15_000, ev_var_us=5_000)
+        hdp.set_seq(ack_max_ns=now - 30 * MS, ack_max_path=2)
+        ret, out = hdp.run_tx(inner_udp())
+        assert ret == TC_ACT_REDIRECT and path_of(out) == 0
+        live = hdp.live(0)
+        assert live.state == wire.PathState.GOOD and live.strike_ns == strike
+    assert events(hdp) == [] and health(hdp).dead == 0
+
+
+@pytest.mark.parametrize("gap_us,var_us", [(1_000, 500), (15_000, 5_000)])
+def test_silent_path_while_siblings_deliver(hdp, gap_us, var_us):
+    """Path 0 silent for 50 ms while path 2 confirms a unit sent 1 ms ago:
+    beyond any window its jitter allows, two strikes retire it."""
+    hdp.set_slots([0, 2])
+    now = time.monotonic_ns()
+    hdp.set_live(2, ev_rtt_us=2_000, ev_gap_us=gap_us, ev_var_us=var_us)
+    hdp.set_seq(ack_max_ns=now - 1 * MS, ack_max_path=2)
+    hdp.set_live(0, unacked_ns=now - 50 * MS, last_ack_ns=now - 60 * MS,
+                 ev_rtt_us=2_000, ev_gap_us=gap_us, ev_var_us=var_us)
+    ret, out = hdp.run_tx(inner_udp())          # first strike
+    assert path_of(out) == 0 and hdp.live(0).strike_ns >= now
+    live = hdp.live(0)
+    # nothing confirmed since: the second verdict retires it
+    hdp.set_live(0, unacked_ns=now - 50 * MS, last_ack_ns=now - 60 * MS, strike_ns=live.strike_ns - 45 * MS,
+                 ev_rtt_us=2_000, ev_gap_us=gap_us, ev_var_us=var_us)
+    hdp.set_seq(ack_max_ns=now - 1 * MS, ack_max_path=2, cursor=0)
+    ret, out = hdp.run_tx(inner_udp())
+    assert path_of(out) == 2
+    assert hdp.live(0).state == wire.PathState.ASSUMED_BAD
+    assert [e.path for e in events(hdp)] == [0]
+
+
+def test_slow_but_alive_path_is_kept(hdp):
+    """Path 0's evidence takes 30 ms, steadily; path 2's 2 ms. A unit sent on
+    path 0 31 ms ago is uncovered while path 2 confirmed one sent 1 ms ago:
+    the 28 ms difference in their delays explains it, no verdict."""
+    hdp.set_slots([0])
+    now = time.monotonic_ns()
+    hdp.set_live(2, ev_rtt_us=2_000, ev_gap_us=1_000, ev_var_us=300)
+    hdp.set_seq(ack_max_ns=now - 1 * MS, ack_max_path=2)
+    for _ in range(3):
+        hdp.set_live(0, unacked_ns=now - 31 * MS, last_ack_ns=now - 40 * MS,
+                     ev_rtt_us=30_000, ev_gap_us=1_000, ev_var_us=300)
+        hdp.run_tx(inner_udp())
+        live = hdp.live(0)
+        assert live.state == wire.PathState.GOOD and live.strike_ns == 0
+    # ... but the same path silent for 60 ms is dead
+    hdp.set_live(0, unacked_ns=now - 60 * MS, last_ack_ns=now - 70 * MS, strike_ns=now - 50 * MS,
+                 ev_rtt_us=30_000, ev_gap_us=1_000, ev_var_us=300)
+    hdp.run_tx(inner_udp())
+    assert hdp.live(0).state == wire.PathState.ASSUMED_BAD
+
+
+def test_echo_serves_the_longest_waiting_path(hdp):
+    """The receiver echoes the path whose first unechoed receipt is oldest,
+    with that path's newest receipt: path 0 received units sent at 100 and
+    300, path 2 one sent at 200. Echoing path 2 first (its newest receipt is
+    older) would confirm a unit sent after path 0's first one, which did
+    arrive - the sender's judge would call path 0 late."""
+    hdp.set_slots([0])
+    t = time.monotonic_ns()
+    hdp.set_seq(fb_cursor=0)
+    hdp.set_live(0, last_rx_ns=t, last_rx_ts=300, first_rx_ts=100, fb_echoed=50)
+    hdp.set_live(2, last_rx_ns=t, last_rx_ts=200, first_rx_ts=200, fb_echoed=40)
+    _, out = hdp.run_tx(inner_udp())
+    h = hdr_of(out)
+    assert h.flags & wire.MRC_F_FEEDBACK and h.fb_path == 0 and h.fb_ts == 300
+    _, out = hdp.run_tx(inner_udp())
+    h = hdr_of(out)
+    assert h.fb_path == 2 and h.fb_ts == 200
