@@ -95,7 +95,10 @@ enum mrc_reason {
 	MRC_R_RX_PROBE_REPLY	= 15,	/* not a drop: replies consumed */
 	MRC_R_RX_PASS_VLAN	= 16,	/* not a drop: VLAN-tagged, passed untouched */
 	MRC_R_RX_PASS_FRAGMENT	= 17,	/* not a drop: non-first UDP fragment, passed */
-	MRC_R_MAX		= 18,
+	MRC_R_RX_INNER_SRC	= 18,	/* inner source not owned by the sending peer */
+	MRC_R_RX_INNER_DST	= 19,	/* inner destination not served here */
+	MRC_R_RX_WRONG_PLANE	= 20,	/* path id of another plane than the frame's */
+	MRC_R_MAX		= 21,
 };
 
 /* mrc_cfg: ARRAY[1], instance-wide settings the control plane may change
@@ -337,6 +340,22 @@ struct mrc_flowlet {
 
 /* mrc_peer_ip: HASH overlay IPv4 (network order) -> peer index (__u32).
  * Writer: agent (loader). */
+
+/*
+ * mrc_ovl_owner: LPM_TRIE, who owns an overlay IPv4 prefix: a peer index,
+ * or MRC_OWNER_LOCAL for this host. mrc_rx delivers an inner packet only if
+ * its source is owned by the peer the frame came from and its destination
+ * by this host (bpf/peer.h ovl_owner()). Filled today with /32s: every
+ * peer's overlay address and our own; prefixes routed to a peer (issue #14,
+ * peer[].prefixes) or served here are further entries, no datapath change.
+ * Writer: agent (loader).
+ */
+#define MRC_OWNER_LOCAL		0xffffffffU
+#define MRC_OWNER_NONE		0xfffffffeU	/* no entry (never stored) */
+struct mrc_ovl_key {
+	__u32	prefixlen;	/* 0..32 */
+	__be32	addr;		/* network order */
+};
 
 /* mrc_rx_peers: HASH, which source may send MRC on which plane. Writer:
  * agent (loader). */

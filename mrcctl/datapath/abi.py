@@ -54,6 +54,8 @@ MRC_DEDUP_WORDS = 512       # hedged-unit duplicate filter: 512 words of 32 PSNs
 MRC_TX_FLOWS = 64           # sender: highest TCP sequence per inner flow, slots per peer
 
 MRC_PATH_ENTRIES = MRC_MAX_PEERS * MRC_MAX_PATHS
+MRC_OWNER_LOCAL = 0xFFFFFFFF  # mrc_ovl_owner: a prefix served by this host
+MRC_OWNER_NONE = 0xFFFFFFFE   # ovl_owner(): no entry (never stored)
 
 
 def path_idx(peer: int, path: int) -> int:
@@ -117,6 +119,9 @@ class Reason(_LabelEnum):
     RX_PROBE_REPLY = 15
     RX_PASS_VLAN = 16
     RX_PASS_FRAGMENT = 17
+    RX_INNER_SRC = 18
+    RX_INNER_DST = 19
+    RX_WRONG_PLANE = 20
 
     @property
     def is_drop(self) -> bool:
@@ -135,7 +140,7 @@ def reason_is_drop(label: str) -> bool:
     return "probe" not in label
 
 
-MRC_R_MAX = 18
+MRC_R_MAX = 21
 
 
 class EvReason(_LabelEnum):
@@ -180,6 +185,8 @@ def c_constants() -> dict[str, int]:
         "MRC_DEDUP_WORDS": MRC_DEDUP_WORDS,
         "MRC_TX_FLOWS": MRC_TX_FLOWS,
         "MRC_R_MAX": MRC_R_MAX,
+        "MRC_OWNER_LOCAL": MRC_OWNER_LOCAL,
+        "MRC_OWNER_NONE": MRC_OWNER_NONE,
     }
     out.update({f"MRC_T_{m.name}": int(m) for m in MsgType})
     out.update({f"MRC_PATH_{m.name}": int(m) for m in PathState})
@@ -609,6 +616,30 @@ class RxKey(_Struct):
 
 
 @_struct
+class OvlKey(_Struct):
+    """struct mrc_ovl_key: an overlay IPv4 prefix, the key of mrc_ovl_owner
+    (value: a peer index or MRC_OWNER_LOCAL)."""
+    C_NAME: ClassVar[str] = "mrc_ovl_key"
+    LAYOUT: ClassVar = (("prefixlen", "I"), ("addr", "4s"))
+    DEFAULTS = {"prefixlen": 32, "addr": "0.0.0.0"}
+
+    def _to_raw(self):
+        return [self.prefixlen, socket.inet_aton(self.addr)]
+
+    @classmethod
+    def _from_raw(cls, vals):
+        return cls(prefixlen=vals[0], addr=socket.inet_ntoa(vals[1]))
+
+    @classmethod
+    def of(cls, network) -> "OvlKey":
+        """The key of an IPv4 network or address (an address is a /32)."""
+        net = ipaddress.ip_network(network, strict=False)
+        if net.version != 4:
+            raise ValueError(f"{network} is not IPv4 (the overlay carries IPv4)")
+        return cls(prefixlen=net.prefixlen, addr=str(net.network_address))
+
+
+@_struct
 class RxPeer(_Struct):
     """struct mrc_rx_peer."""
     C_NAME: ClassVar[str] = "mrc_rx_peer"
@@ -651,7 +682,7 @@ class TxFlows(_Struct):
 
 ALL_STRUCTS: tuple[type[_Struct], ...] = (
     MrcHdr, Config, Peer, Slots, Path, PathLive, PeerSeq, PathStats, RxKey, RxPeer,
-    RxWin, Reorder, FlowletKey, Flowlet, PathDelay)
+    RxWin, Reorder, FlowletKey, Flowlet, PathDelay, OvlKey)
 # path health (bpf/health.h)
 ALL_STRUCTS += (Event, HealthStats, Dedup, TxFlows)
 

@@ -6,16 +6,17 @@ from __future__ import annotations
 import pytest
 
 import unit_pkt as pkt
-from unit_dp import (LOCAL_OVERLAY, PEER, PEER_OVERLAY, XDP_PASS)
+from unit_dp import (LOCAL_OVERLAY, PATHS, PEER, PEER_OVERLAY, XDP_PASS)
 from mrcctl.datapath import abi as wire
 
 
 def frame(psn: int, path: int = 0, *, segs: int = 1, seg_size: int = 0, seq0: int = 0,
           seq: int = 0) -> bytes:
-    """A DATA frame from the peer on plane 0 (IPv4) carrying one TCP segment."""
+    """A DATA frame from the peer on the path's plane carrying one TCP segment."""
     inner = pkt.ipv4(PEER_OVERLAY, LOCAL_OVERLAY, pkt.IPPROTO_TCP,
                      pkt.tcp(5201, 40001, seq, b"d" * 100))
-    return pkt.mrc_frame(inner=inner, path_id=path, psn=psn, segs=segs, seg_size=seg_size,
+    family = PATHS[path].family if path < len(PATHS) else 4
+    return pkt.mrc_frame(family, inner=inner, path_id=path, psn=psn, segs=segs, seg_size=seg_size,
                          seq0=seq0)
 
 

@@ -8,7 +8,8 @@ import time
 import pytest
 
 import unit_pkt as pkt
-from unit_dp import (LO_IFINDEX, OUR_MAC, PATHS, PEER_MAC, TC_ACT_REDIRECT, UDP_PORT, XDP_DROP,
+from unit_dp import (LO_IFINDEX, LOCAL_OVERLAY, OUR_MAC, PATHS, PEER, PEER_MAC, PEER_OVERLAY,
+                     TC_ACT_REDIRECT, UDP_PORT, XDP_DROP,
                      XDP_PASS, XDP_TX, drops_delta, now_us)
 from mrcctl.datapath import abi as wire
 
@@ -35,6 +36,10 @@ def expect_pass_untouched(dp, frame: bytes, counted=None):
 @pytest.mark.parametrize("path", [0, 1], ids=["ipv4", "ipv6"])
 def test_tx_then_rx_restores_inner(dp, path):
     dp.set_slots([path])
+    # A loopback: what we send comes back to us as from the peer, so here
+    # our overlay address is the peer's and the peer's is served here.
+    dp.set_owner(LOCAL_OVERLAY, PEER)
+    dp.set_owner(PEER_OVERLAY, wire.MRC_OWNER_LOCAL)
     inner = pkt.overlay(pkt.tcp(40001, 5201, 99, b"z" * 700), pkt.IPPROTO_TCP)
     ret, outer = dp.run_tx(inner)
     assert ret == TC_ACT_REDIRECT
@@ -220,9 +225,10 @@ def test_probe_is_turned_around(dp, family):
     assert h.type == wire.MsgType.PROBE_REPLY and h.version == 1
     assert h.path_id == 7 and h.tx_ts == 4242
     # and the reply, fed back, is consumed as a probe reply (our path 7
-    # does not exist here: rewrite it to path 2)
+    # does not exist here: rewrite it to path 2, or path 1 on the IPv6
+    # plane)
     reply = bytearray(out)
-    struct.pack_into("!H", reply, l4 + 8 + 2, 2)
+    struct.pack_into("!H", reply, l4 + 8 + 2, 2 if family == 4 else 1)
     before = dp.drops()
     ret, _ = dp.run_rx(bytes(reply))
     assert ret == XDP_DROP
