@@ -402,7 +402,8 @@ struct mrc_event {
  * holds, in one __u64 updated by compare-and-swap, the tag psn >> 5 in the
  * high 32 bits and a bit per PSN of that block of 32 in the low 32 bits: a
  * test-and-set that is exact across CPUs for the last
- * MRC_DEDUP_WORDS * 32 PSNs. Writer: mrc_rx (dedup.h).
+ * MRC_DEDUP_WORDS * 32 PSNs. Tags (27 bits) are compared modulo 2^27, so
+ * the window works across the 32-bit PSN wrap. Writer: mrc_rx (dedup.h).
  */
 #define MRC_DEDUP_WORDS		512	/* window: 16384 wire PSNs */
 struct mrc_dedup {
