@@ -320,6 +320,9 @@ struct mrc_path_delay {
 	__u32	rtt_us;		/* last fresh sample */
 	__u32	ewma_us;	/* EWMA of fresh samples, gain 1/4 */
 	__u32	rsvd;
+	__u64	last_ns;	/* when the last sample was taken (monotonic):
+				 * last_fb_ts, 32-bit microseconds, is compared
+				 * only while it is this recent (issue #13.5) */
 };
 
 /* mrc_flowlets: LRU_HASH, flowlet spraying state of one inner flow. Writer

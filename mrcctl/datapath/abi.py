@@ -577,7 +577,7 @@ class PathDelay(_Struct):
     """struct mrc_path_delay: RTT of our path from fresh feedback echoes."""
     C_NAME: ClassVar[str] = "mrc_path_delay"
     LAYOUT: ClassVar = (("samples", "Q"), ("last_fb_ts", "I"), ("rtt_us", "I"),
-                        ("ewma_us", "I"), ("rsvd", "I"))
+                        ("ewma_us", "I"), ("rsvd", "I"), ("last_ns", "Q"))
 
 
 @_struct

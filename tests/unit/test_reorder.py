@@ -220,6 +220,29 @@ def test_path_delay_counts_fresh_echoes_only(dp):
     assert delay(dp, 1).samples == 0
 
 
+@pytest.mark.parametrize("idle_min", [40, 60, 71])
+def test_path_delay_resumes_after_a_long_idle(dp, idle_min):
+    """Issue #13.5: the last sample was taken 36-72 min ago, so its 32-bit
+    microsecond timestamp reads as newer than a fresh one; the fresh echo
+    must still be a sample."""
+    import time
+    from unit_dp import now_us
+    idle_us = idle_min * 60 * 1_000_000
+    old = dict(samples=5, last_fb_ts=(now_us() - idle_us) & 0xFFFFFFFF, rtt_us=200, ewma_us=200,
+               last_ns=max(1, time.monotonic_ns() - idle_us * 1000))
+    fields = {n for n, _f in wire.PathDelay.LAYOUT}
+    dp.maps["mrc_path_delay"].update(wire.path_key(PEER, 2), wire.PathDelay(
+        **{k: v for k, v in old.items() if k in fields}).pack())
+    ts = (now_us() - 3000) & 0xFFFFFFFF
+    assert dp.run_rx(feedback_frame(2, ts, 100))[0] == XDP_PASS
+    d = delay(dp, 2)
+    assert d.samples == 6, f"a fresh echo after {idle_min} min idle was not taken"
+    assert d.last_fb_ts == ts and 3000 <= d.rtt_us < 3000 + 500_000
+    # and a repeat of it right after is no sample again
+    dp.run_rx(feedback_frame(2, ts, 101))
+    assert delay(dp, 2).samples == 6
+
+
 def unit_segment(unit_psn: int, j: int, segs: int, tx_ts: int, fb_ts: int) -> bytes:
     """Segment j of a unit of `segs` 100-byte TCP segments, echoing our path 2."""
     inner = pkt.ipv4(PEER_OVERLAY, LOCAL_OVERLAY, pkt.IPPROTO_TCP,
