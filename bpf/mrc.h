@@ -98,7 +98,8 @@ enum mrc_reason {
 	MRC_R_RX_INNER_SRC	= 18,	/* inner source not owned by the sending peer */
 	MRC_R_RX_INNER_DST	= 19,	/* inner destination not served here */
 	MRC_R_RX_WRONG_PLANE	= 20,	/* path id of another plane than the frame's */
-	MRC_R_MAX		= 21,
+	MRC_R_RX_BAD_NONCE	= 21,	/* probe reply without an outstanding probe's nonce */
+	MRC_R_MAX		= 22,
 };
 
 /* mrc_cfg: ARRAY[1], instance-wide settings the control plane may change
@@ -323,6 +324,21 @@ struct mrc_path_delay {
 	__u64	last_ns;	/* when the last sample was taken (monotonic):
 				 * last_fb_ts, 32-bit microseconds, is compared
 				 * only while it is this recent (issue #13.5) */
+};
+
+/*
+ * mrc_probe_nonce: ARRAY[MRC_MAX_PEERS * MRC_MAX_PATHS], the agent's
+ * outstanding probes of each path: probe seq (the PROBE's psn) seq[i] was
+ * sent with the unpredictable 64-bit nonce nonce[i] (the PROBE's seq0 << 32
+ * | fb_ts, echoed by the peer's turn-around), slot i = seq % MRC_PROBE_RING.
+ * A PROBE_REPLY changes state only if it echoes the nonce of its sequence
+ * (bpf/probe.h). Writer of every field: agent (health: before each probe,
+ * whole entry).
+ */
+#define MRC_PROBE_RING		8
+struct mrc_probe_nonce {
+	__u64	nonce[MRC_PROBE_RING];	/* 0: slot unused */
+	__u32	seq[MRC_PROBE_RING];
 };
 
 /* mrc_flowlets: LRU_HASH, flowlet spraying state of one inner flow. Writer

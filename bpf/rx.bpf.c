@@ -34,9 +34,14 @@ static __always_inline __u32 rx_probe_reply(const struct mrc_config *cfg,
 					    struct mrc_path_stats *st,
 					    const struct mrc_hdr *mh)
 {
-	__u64 now = bpf_ktime_get_ns();
-	__u32 now_us = (__u32)(now / 1000);
+	__u64 now;
+	__u32 now_us;
 
+	/* Only a reply to a probe we sent changes state. */
+	if (!probe_reply_genuine(peer_idx, path_id, mh))
+		return RX_V(RX_DROP, MRC_R_RX_BAD_NONCE);
+	now = bpf_ktime_get_ns();
+	now_us = (__u32)(now / 1000);
 	evidence_probe_reply(cfg, peer_idx, path_id, live, bpf_ntohl(mh->psn),
 			     now_us - bpf_ntohl(mh->tx_ts), now);
 	st->probes_rx += 1;

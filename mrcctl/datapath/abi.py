@@ -54,6 +54,7 @@ MRC_DEDUP_WORDS = 512       # hedged-unit duplicate filter: 512 words of 32 PSNs
 MRC_TX_FLOWS = 64           # sender: highest TCP sequence per inner flow, slots per peer
 
 MRC_PATH_ENTRIES = MRC_MAX_PEERS * MRC_MAX_PATHS
+MRC_PROBE_RING = 8            # outstanding probes per path whose nonces rx knows
 MRC_OWNER_LOCAL = 0xFFFFFFFF  # mrc_ovl_owner: a prefix served by this host
 MRC_OWNER_NONE = 0xFFFFFFFE   # ovl_owner(): no entry (never stored)
 
@@ -122,6 +123,7 @@ class Reason(_LabelEnum):
     RX_INNER_SRC = 18
     RX_INNER_DST = 19
     RX_WRONG_PLANE = 20
+    RX_BAD_NONCE = 21
 
     @property
     def is_drop(self) -> bool:
@@ -140,7 +142,7 @@ def reason_is_drop(label: str) -> bool:
     return "probe" not in label
 
 
-MRC_R_MAX = 21
+MRC_R_MAX = 22
 
 
 class EvReason(_LabelEnum):
@@ -186,6 +188,7 @@ def c_constants() -> dict[str, int]:
         "MRC_TX_FLOWS": MRC_TX_FLOWS,
         "MRC_R_MAX": MRC_R_MAX,
         "MRC_OWNER_LOCAL": MRC_OWNER_LOCAL,
+        "MRC_PROBE_RING": MRC_PROBE_RING,
         "MRC_OWNER_NONE": MRC_OWNER_NONE,
     }
     out.update({f"MRC_T_{m.name}": int(m) for m in MsgType})
@@ -640,6 +643,34 @@ class OvlKey(_Struct):
 
 
 @_struct
+class ProbeNonce(_Struct):
+    """struct mrc_probe_nonce: the outstanding probes of one path, slot
+    seq % MRC_PROBE_RING holding (nonce, seq); nonce 0 = unused."""
+    C_NAME: ClassVar[str] = "mrc_probe_nonce"
+    LAYOUT: ClassVar = (("nonce", f"{MRC_PROBE_RING}Q"), ("seq", f"{MRC_PROBE_RING}I"))
+    DEFAULTS = {"nonce": [0] * MRC_PROBE_RING, "seq": [0] * MRC_PROBE_RING}
+
+    def _to_raw(self):
+        return [*(list(self.nonce) + [0] * MRC_PROBE_RING)[:MRC_PROBE_RING],
+                *(list(self.seq) + [0] * MRC_PROBE_RING)[:MRC_PROBE_RING]]
+
+    @classmethod
+    def _from_raw(cls, vals):
+        return cls(nonce=list(vals[:MRC_PROBE_RING]), seq=list(vals[MRC_PROBE_RING:]))
+
+    def add(self, seq: int, nonce: int) -> None:
+        """Record probe `seq` sent with `nonce` (replacing the slot's old one)."""
+        i = seq % MRC_PROBE_RING
+        self.nonce[i], self.seq[i] = nonce, seq & 0xFFFFFFFF
+
+
+def probe_nonce_fields(nonce: int) -> dict:
+    """The PROBE header fields that carry a 64-bit nonce (echoed by the
+    peer's turn-around): seq0 (high half) and fb_ts (low half)."""
+    return {"seq0": (nonce >> 32) & 0xFFFFFFFF, "fb_ts": nonce & 0xFFFFFFFF}
+
+
+@_struct
 class RxPeer(_Struct):
     """struct mrc_rx_peer."""
     C_NAME: ClassVar[str] = "mrc_rx_peer"
@@ -682,7 +713,7 @@ class TxFlows(_Struct):
 
 ALL_STRUCTS: tuple[type[_Struct], ...] = (
     MrcHdr, Config, Peer, Slots, Path, PathLive, PeerSeq, PathStats, RxKey, RxPeer,
-    RxWin, Reorder, FlowletKey, Flowlet, PathDelay, OvlKey)
+    RxWin, Reorder, FlowletKey, Flowlet, PathDelay, OvlKey, ProbeNonce)
 # path health (bpf/health.h)
 ALL_STRUCTS += (Event, HealthStats, Dedup, TxFlows)
 

@@ -35,6 +35,9 @@ WIDE_PEER = 9
 WIDE_PEER_SRC = "fd00:9::2"
 WIDE_PEER_OVERLAY = "10.99.0.9"
 ROUTED_PREFIX = "10.77.0.0/16"
+# Probes the agent sent: (path, seq, nonce); a reply echoing one is genuine.
+PROBES = [(path, seq, (0x9E3779B97F4A7C15 * (path * 31 + seq + 1)) & 0xFFFFFFFFFFFFFFFF)
+          for path in range(4) for seq in (100, 101, 102)]
 # Inner addresses: owned by the sending peer (by source), ours, or no one's.
 INNER_SRC_OF = {PATHS[0].daddr: PEER_OVERLAY, PATHS[3].daddr: PEER_OVERLAY, PATHS[1].daddr: PEER_OVERLAY,
                 WIDE_PEER_SRC: WIDE_PEER_OVERLAY}
@@ -68,6 +71,10 @@ def configure(dp) -> tuple[RxModel, TxModel]:
     rx.add_owner(LOCAL_OVERLAY, wire.MRC_OWNER_LOCAL)
     rx.add_owner(WIDE_PEER_OVERLAY, WIDE_PEER)
     rx.add_owner(ROUTED_PREFIX, PEER)
+    for peer in (PEER, WIDE_PEER):                   # outstanding probes whose replies are genuine
+        for path, seq, nonce in PROBES:
+            dp.probe_sent(path, seq, peer=peer, nonce=nonce)
+            rx.add_probe(peer, path, seq, nonce)
     dp.set_slots([0])                      # path 0: IPv4 underlay
     tx = TxModel()
     tx.add_peer(PEER_OVERLAY, PATHS[0].family)
@@ -94,6 +101,10 @@ def _inner(rng: random.Random, src: str = PEER_OVERLAY) -> bytes:
 
 def _hdr(rng: random.Random, mtype: int) -> bytes:
     segs = rng.choice([1, 1, 2, 4, 44, rng.getrandbits(16)])
+    if mtype == wire.MsgType.PROBE_REPLY and rng.random() < 0.6:   # a reply to one of our probes
+        path, seq, nonce = rng.choice(PROBES)
+        return wire.encode_mrc_hdr(mtype, path_id=path, psn=seq, tx_ts=rng.getrandbits(32),
+                                   **wire.probe_nonce_fields(nonce))
     return wire.encode_mrc_hdr(mtype, flags=rng.choice([0, 0, wire.MRC_F_FEEDBACK, rng.getrandbits(8)]),
                                path_id=rng.choice([0, 1, 2, 3, rng.getrandbits(16)]),
                                psn=rng.getrandbits(32), tx_ts=rng.getrandbits(32), segs=segs,

@@ -78,6 +78,17 @@ class RxModel:
     n_paths: dict = field(default_factory=dict)
     path_plane: dict = field(default_factory=dict)
     owners: dict = field(default_factory=dict)
+    probes: dict = field(default_factory=dict)   # (peer, path) -> {ring slot: (seq, nonce)}
+
+    def add_probe(self, peer: int, path: int, seq: int, nonce: int) -> None:
+        """The agent sent probe `seq` on (peer, path) with `nonce`."""
+        self.probes.setdefault((peer, path), {})[seq % wire.MRC_PROBE_RING] = (seq & 0xFFFFFFFF, nonce)
+
+    def probe_genuine(self, peer: int, path: int, f: bytes, moff: int) -> bool:
+        seq = _u32(f, moff + 4)
+        nonce = _u32(f, moff + 16) << 32 | _u32(f, moff + 24)
+        slot = self.probes.get((peer, path), {}).get(seq % wire.MRC_PROBE_RING)
+        return nonce != 0 and slot == (seq, nonce)
 
     def add_source(self, addr: str, peer: int, ifindex: int = 1, plane: int = 0) -> None:
         fam = wire.family_of(addr)
@@ -182,6 +193,8 @@ class RxModel:
         if self.path_plane.get((peer, path_id), 0) != plane:
             return Verdict(XDP_DROP, R.RX_WRONG_PLANE, None, moff)
         if mtype == wire.MsgType.PROBE_REPLY:
+            if not self.probe_genuine(peer, path_id, f, moff):
+                return Verdict(XDP_DROP, R.RX_BAD_NONCE, None, moff)
             return Verdict(XDP_DROP, R.RX_PROBE_REPLY, None, moff)
         ioff = moff + MRC_HDR
         if ioff + 20 > n or f[ioff] >> 4 != 4 or f[ioff] & 0x0F < 5:

@@ -123,12 +123,59 @@ def test_forged_probe_replies_and_feedback_do_not_revive_paths(hd):
     reply = dict(type=wire.MsgType.PROBE_REPLY, inner=b"", sport=UDP_PORT, dport=49154, path_id=2)
     untouched(hd, frame(src="203.0.113.9", tx_ts=now_us(), **reply))
     assert hd.live(2).last_ack_ns == 0
-    rx(hd, frame(tx_ts=now_us() + 1_000_000, **reply), XDP_DROP, R.RX_PROBE_REPLY)
+    rx(hd, frame(tx_ts=now_us() + 1_000_000, **reply, **sent(hd, 2, 1)), XDP_DROP, R.RX_PROBE_REPLY)
     rx(hd, frame(flags=wire.MRC_F_FEEDBACK, fb_path=1, fb_ts=now_us() + 1_000_000, **fresh()), XDP_PASS, None)
     assert hd.live(1).last_ack_ns == 0 and hd.live(2).last_ack_ns == 0
     # and a genuine one is taken
-    rx(hd, frame(tx_ts=now_us() - 100, **reply), XDP_DROP, R.RX_PROBE_REPLY)
+    rx(hd, frame(tx_ts=now_us() - 100, **reply, **sent(hd, 2, 2)), XDP_DROP, R.RX_PROBE_REPLY)
     assert hd.live(2).last_ack_ns > 0
+
+
+def sent(dp, path: int, seq: int, nonce: int | None = None) -> dict:
+    """Probe `seq` of `path` as the agent sends it (its nonce recorded in
+    the datapath and in the model): the header fields its reply echoes."""
+    hdr = dp.probe_sent(path, seq, nonce=nonce)
+    add = getattr(dp.rxm, "add_probe", None)
+    if add:
+        add(PEER, path, seq, hdr["seq0"] << 32 | hdr["fb_ts"])
+    return hdr
+
+
+def test_probe_reply_must_echo_the_probes_nonce(hd):
+    """Issue #13.8: a reply changes state only if it echoes the nonce of a
+    probe the agent sent with that sequence number. A reply without one
+    (a blind forger), with another probe's nonce or sequence, or for a probe
+    pushed out of the ring is dropped before it takes an RTT sample or
+    counts toward recovery."""
+    reply = dict(type=wire.MsgType.PROBE_REPLY, inner=b"", sport=UDP_PORT, dport=49154, path_id=2)
+    a = sent(hd, 2, 7)
+    b = sent(hd, 2, 8)
+    forged = [dict(psn=7),                                            # no nonce at all
+              dict(psn=7, seq0=a["seq0"], fb_ts=a["fb_ts"] ^ 1),      # a wrong nonce
+              dict(psn=7, seq0=b["seq0"], fb_ts=b["fb_ts"]),          # probe 8's nonce for 7
+              dict(psn=15, seq0=a["seq0"], fb_ts=a["fb_ts"])]         # same slot, another seq
+    for hdr in forged:
+        before = hd.drops()
+        ret, _ = hd.run_rx(frame(tx_ts=now_us() - 100, **reply, **hdr))
+        assert ret == XDP_DROP
+        assert delta(before, hd.drops()) == {getattr(R, "RX_BAD_NONCE", None): 1}, hdr
+        assert hd.live(2).last_ack_ns == 0 and hd.live(2).rtt_us == 0, f"forged reply {hdr} taken"
+    if hasattr(R, "RX_BAD_NONCE"):
+        rx(hd, frame(tx_ts=now_us() - 100, **reply, psn=7), XDP_DROP, R.RX_BAD_NONCE)
+    # the genuine replies are taken
+    rx(hd, frame(tx_ts=now_us() - 100, **reply, **a), XDP_DROP, R.RX_PROBE_REPLY)
+    assert hd.live(2).last_ack_ns > 0
+    rx(hd, frame(tx_ts=now_us() - 100, **reply, **b), XDP_DROP, R.RX_PROBE_REPLY)
+    # a probe pushed out of the ring by a newer one in its slot no longer counts
+    sent(hd, 2, 7 + wire.MRC_PROBE_RING if hasattr(wire, "MRC_PROBE_RING") else 15)
+    if hasattr(R, "RX_BAD_NONCE"):
+        rx(hd, frame(tx_ts=now_us() - 100, **reply, **a), XDP_DROP, R.RX_BAD_NONCE)
+    # a forged reply cannot recover a retired path either
+    hd.set_live(1, state=wire.PathState.ASSUMED_BAD, bad_ns=time.monotonic_ns() - 10_000_000)
+    for seq in range(1, 10):
+        hd.run_rx(frame(6, type=wire.MsgType.PROBE_REPLY, inner=b"", sport=UDP_PORT, dport=49153,
+                        path_id=1, psn=seq, tx_ts=now_us() - 100))
+    assert hd.live(1).state == wire.PathState.ASSUMED_BAD
 
 
 # ------------------------------------------------------------------ inner addresses (issue #13.7)
@@ -194,7 +241,7 @@ def test_path_id_of_another_plane_is_dropped(hd):
         rx(hd, frame(path_id=pid, **v4_plane0, **fresh()), XDP_DROP, reason("RX_WRONG_PLANE"))
     # a probe reply naming path 3 (plane 2) on plane 0 takes no RTT sample
     reply = dict(type=wire.MsgType.PROBE_REPLY, inner=b"", sport=UDP_PORT, dport=49155, path_id=3,
-                 tx_ts=now_us() - 100)
+                 tx_ts=now_us() - 100, **sent(hd, 3, 1))
     rx(hd, frame(**v4_plane0, **reply), XDP_DROP, reason("RX_WRONG_PLANE"))
     assert hd.live(3).last_ack_ns == 0
     # IPv6 (plane 1) naming path 0 (plane 0)

@@ -202,8 +202,11 @@ def test_counters_only_for_their_path(dp):
 
 @pytest.mark.parametrize("family", [4, 6])
 def test_probe_is_turned_around(dp, family):
-    probe = mrc_frame(family, type=wire.MsgType.PROBE, path_id=7, tx_ts=4242, psn=0,
-                      inner=b"", sport=49160)
+    # our path 7 does not exist here: the reply fed back below names path
+    # 2 (or 1 on the IPv6 plane), whose probe 0 the agent sent
+    sent = dp.probe_sent(2 if family == 4 else 1, 0)
+    probe = mrc_frame(family, type=wire.MsgType.PROBE, path_id=7, tx_ts=4242, inner=b"", sport=49160,
+                      **sent)
     before = dp.drops()
     ret, out = dp.run_rx(probe)
     assert ret == XDP_TX
@@ -238,7 +241,7 @@ def test_probe_is_turned_around(dp, family):
 def test_probe_reply_records_rtt(dp):
     t_sent = now_us() - 500
     reply = mrc_frame(type=wire.MsgType.PROBE_REPLY, path_id=2, tx_ts=t_sent, inner=b"",
-                      sport=UDP_PORT, dport=PATHS[2].ev)
+                      sport=UDP_PORT, dport=PATHS[2].ev, **dp.probe_sent(2, 1))
     before = dp.drops()
     t0 = time.monotonic_ns()
     ret, _ = dp.run_rx(reply)
@@ -254,7 +257,8 @@ def test_probe_reply_records_rtt(dp):
     assert dp.stats(2).rx_packets == 0
     # a second sample moves srtt by 1/8 of the difference
     ret, _ = dp.run_rx(mrc_frame(type=wire.MsgType.PROBE_REPLY, path_id=2, inner=b"",
-                                 tx_ts=now_us() - 8500, sport=UDP_PORT, dport=PATHS[2].ev))
+                                 tx_ts=now_us() - 8500, sport=UDP_PORT, dport=PATHS[2].ev,
+                                 **dp.probe_sent(2, 2)))
     live2 = dp.live(2)
     assert live2.rtt_us >= 8500
     expect = live.srtt_us - (live.srtt_us >> 3) + (live2.rtt_us >> 3)
