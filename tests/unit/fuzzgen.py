@@ -81,6 +81,15 @@ def configure(dp) -> tuple[RxModel, TxModel]:
     return rx, tx
 
 
+def reset_evidence(dp) -> None:
+    """Forget the evidence the rx frames left (genuine probe replies and
+    feedback echoes make some path the freshest, where mrc_tx steers TCP
+    retransmissions): the tx model assumes the configured slot table."""
+    dp.set_seq(PEER)
+    for i in range(len(PATHS)):
+        dp.set_live(i)
+
+
 # ------------------------------------------------------------------ seeds
 
 def _inner(rng: random.Random, src: str = PEER_OVERLAY) -> bytes:
