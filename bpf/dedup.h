@@ -17,6 +17,15 @@
 #define DEDUP_BLOCK_SHIFT	5
 #define DEDUP_BLOCK_MASK	((1U << DEDUP_BLOCK_SHIFT) - 1)
 
+/* Is block tag a newer than block tag b? Tags are psn >> DEDUP_BLOCK_SHIFT,
+ * 27 bits that wrap with the PSN: compared modulo 2^27 (shifted back into
+ * the top bits, a signed 32-bit difference), so the window keeps working
+ * after 2^32 PSNs (issue #13.1). */
+static __always_inline bool dedup_tag_newer(__u32 a, __u32 b)
+{
+	return (__s32)((a - b) << DEDUP_BLOCK_SHIFT) > 0;
+}
+
 /* Bounded compare-and-swap retries; losing them all (four other CPUs
  * changed the word meanwhile) delivers the packet. */
 #define DEDUP_RETRIES		4
@@ -49,7 +58,7 @@ static __always_inline bool dedup_seen(__u32 peer_idx, __u32 psn)
 				return true;
 			}
 			new = old | bit;
-		} else if ((__s32)(tag - (__u32)(old >> 32)) > 0 || old == 0) {
+		} else if (dedup_tag_newer(tag, (__u32)(old >> 32)) || old == 0) {
 			new = ((__u64)tag << 32) | bit;
 		} else {
 			return false;	/* older than the window */

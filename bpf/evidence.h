@@ -140,22 +140,29 @@ static __always_inline bool evidence_new(__u32 peer_idx, __u32 path_id,
  * Sender side: the peer echoed fb_ts, the send time of the newest packet it
  * received on our path `path`. Only an echo of a newer packet than the last
  * is a sample: the peer may echo the same timestamp again while nothing new
- * arrived, and those ages measure idleness, not delay.
+ * arrived, and those ages measure idleness, not delay. The 32-bit
+ * microsecond comparison is meaningful only while the last sample is
+ * recent (it wraps after ~36 min: an idle of 36-72 min made fresh echoes
+ * look old for up to 36 min, issue #13.5); a last sample older than
+ * EVIDENCE_RTT_MAX_US cannot be re-echoed as a sample anyway (its RTT would
+ * exceed the cap), so it is simply expired.
  */
-static __always_inline void delay_sample(__u32 peer_idx, __u32 path, __u32 now_us,
-					 __u32 fb_ts)
+static __always_inline void delay_sample(__u32 peer_idx, __u32 path, __u64 now,
+					 __u32 now_us, __u32 fb_ts)
 {
 	struct mrc_path_delay *d = path_entry(&mrc_path_delay, peer_idx, path);
 	__u32 rtt;
 
 	if (!d)
 		return;
-	if (d->samples && (__s32)(fb_ts - d->last_fb_ts) <= 0)
+	if (d->samples && now - d->last_ns <= (__u64)EVIDENCE_RTT_MAX_US * 1000 &&
+	    (__s32)(fb_ts - d->last_fb_ts) <= 0)
 		return;
 	rtt = now_us - fb_ts;
 	if (rtt > EVIDENCE_RTT_MAX_US)
 		return;
 	d->last_fb_ts = fb_ts;
+	d->last_ns = now;
 	d->rtt_us = rtt;
 	d->ewma_us = d->samples ? d->ewma_us - (d->ewma_us >> 2) + (rtt >> 2) : rtt;
 	d->samples += 1;
@@ -174,7 +181,7 @@ static __always_inline void evidence_echo(__u32 peer_idx, const struct mrc_peer 
 	if (!fb_live)
 		return;
 	path_acked(fb_live, now, now_us - fb_ts);
-	delay_sample(peer_idx, fb, now_us, fb_ts);
+	delay_sample(peer_idx, fb, now, now_us, fb_ts);
 	evidence_new(peer_idx, fb, fb_live, now, true);
 }
 

@@ -16,6 +16,7 @@
  *   mrc_peers       peer.h
  *   mrc_peer_ip     peer.h
  *   mrc_rx_peers    peer.h
+ *   mrc_ovl_owner   peer.h
  *   mrc_peer_seq    peer.h
  *   mrc_paths       path.h
  *   mrc_live        path.h
@@ -30,6 +31,7 @@
  *   mrc_dedup       dedup.h
  *   mrc_rx_win      reorder.h
  *   mrc_reorder     reorder.h
+ *   mrc_probe_nonce probe.h
  */
 #ifndef MRC_MAPS_H
 #define MRC_MAPS_H
@@ -44,5 +46,6 @@
 #include "evidence.h"
 #include "dedup.h"
 #include "reorder.h"
+#include "probe.h"
 
 #endif /* MRC_MAPS_H */

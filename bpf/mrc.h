@@ -95,8 +95,12 @@ enum mrc_reason {
 	MRC_R_RX_PROBE_REPLY	= 15,	/* not a drop: replies consumed */
 	MRC_R_RX_PASS_VLAN	= 16,	/* not a drop: VLAN-tagged, passed untouched */
 	MRC_R_RX_PASS_FRAGMENT	= 17,	/* not a drop: non-first UDP fragment, passed */
-	MRC_R_RX_ECN_NOT_ECT	= 18,	/* CE outside on a not-ECT inner packet (RFC 6040) */
-	MRC_R_MAX		= 19,
+	MRC_R_RX_INNER_SRC	= 18,	/* inner source not owned by the sending peer */
+	MRC_R_RX_INNER_DST	= 19,	/* inner destination not served here */
+	MRC_R_RX_WRONG_PLANE	= 20,	/* path id of another plane than the frame's */
+	MRC_R_RX_BAD_NONCE	= 21,	/* probe reply without an outstanding probe's nonce */
+	MRC_R_RX_ECN_NOT_ECT	= 22,	/* CE outside on a not-ECT inner packet (RFC 6040) */
+	MRC_R_MAX		= 23,
 };
 
 /* mrc_cfg: ARRAY[1], instance-wide settings the control plane may change
@@ -328,6 +332,24 @@ struct mrc_path_delay {
 	__u32	rtt_us;		/* last fresh sample */
 	__u32	ewma_us;	/* EWMA of fresh samples, gain 1/4 */
 	__u32	rsvd;
+	__u64	last_ns;	/* when the last sample was taken (monotonic):
+				 * last_fb_ts, 32-bit microseconds, is compared
+				 * only while it is this recent (issue #13.5) */
+};
+
+/*
+ * mrc_probe_nonce: ARRAY[MRC_MAX_PEERS * MRC_MAX_PATHS], the agent's
+ * outstanding probes of each path: probe seq (the PROBE's psn) seq[i] was
+ * sent with the unpredictable 64-bit nonce nonce[i] (the PROBE's seq0 << 32
+ * | fb_ts, echoed by the peer's turn-around), slot i = seq % MRC_PROBE_RING.
+ * A PROBE_REPLY changes state only if it echoes the nonce of its sequence
+ * (bpf/probe.h). Writer of every field: agent (health: before each probe,
+ * whole entry).
+ */
+#define MRC_PROBE_RING		8
+struct mrc_probe_nonce {
+	__u64	nonce[MRC_PROBE_RING];	/* 0: slot unused */
+	__u32	seq[MRC_PROBE_RING];
 };
 
 /* mrc_flowlets: LRU_HASH, flowlet spraying state of one inner flow. Writer
@@ -348,6 +370,22 @@ struct mrc_flowlet {
 
 /* mrc_peer_ip: HASH overlay IPv4 (network order) -> peer index (__u32).
  * Writer: agent (loader). */
+
+/*
+ * mrc_ovl_owner: LPM_TRIE, who owns an overlay IPv4 prefix: a peer index,
+ * or MRC_OWNER_LOCAL for this host. mrc_rx delivers an inner packet only if
+ * its source is owned by the peer the frame came from and its destination
+ * by this host (bpf/peer.h ovl_owner()). Filled today with /32s: every
+ * peer's overlay address and our own; prefixes routed to a peer (issue #14,
+ * peer[].prefixes) or served here are further entries, no datapath change.
+ * Writer: agent (loader).
+ */
+#define MRC_OWNER_LOCAL		0xffffffffU
+#define MRC_OWNER_NONE		0xfffffffeU	/* no entry (never stored) */
+struct mrc_ovl_key {
+	__u32	prefixlen;	/* 0..32 */
+	__be32	addr;		/* network order */
+};
 
 /* mrc_rx_peers: HASH, which source may send MRC on which plane. Writer:
  * agent (loader). */
@@ -394,7 +432,8 @@ struct mrc_event {
  * holds, in one __u64 updated by compare-and-swap, the tag psn >> 5 in the
  * high 32 bits and a bit per PSN of that block of 32 in the low 32 bits: a
  * test-and-set that is exact across CPUs for the last
- * MRC_DEDUP_WORDS * 32 PSNs. Writer: mrc_rx (dedup.h).
+ * MRC_DEDUP_WORDS * 32 PSNs. Tags (27 bits) are compared modulo 2^27, so
+ * the window works across the 32-bit PSN wrap. Writer: mrc_rx (dedup.h).
  */
 #define MRC_DEDUP_WORDS		512	/* window: 16384 wire PSNs */
 struct mrc_dedup {

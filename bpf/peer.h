@@ -28,6 +28,16 @@ struct {
 	__type(value, __u32);
 } mrc_peer_ip SEC(".maps");
 
+/* Overlay prefix -> owner (peer index or MRC_OWNER_LOCAL), see mrc.h
+ * struct mrc_ovl_key. Writer: agent (mrcctl loader, at `up`). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(max_entries, MRC_MAX_PEERS * 16 + 16);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct mrc_ovl_key);
+	__type(value, __u32);
+} mrc_ovl_owner SEC(".maps");
+
 /* (plane ifindex, family, underlay source) -> peer: the receive-side
  * source check. Writer: agent (mrcctl loader, at `up`). */
 struct {
@@ -70,14 +80,25 @@ static __always_inline int peer_by_overlay(const __be32 *daddr)
 }
 
 /* The peer allowed to send MRC from this underlay source on this plane;
- * -1 if none (a spoofed or stray source). */
-static __always_inline int peer_by_source(const struct mrc_rx_key *key)
+ * -1 if none (a spoofed or stray source). *plane: the plane's index. */
+static __always_inline int peer_by_source(const struct mrc_rx_key *key, __u32 *plane)
 {
 	struct mrc_rx_peer *rxp = bpf_map_lookup_elem(&mrc_rx_peers, key);
 
 	if (!rxp || rxp->peer >= MRC_MAX_PEERS)
 		return -1;
+	*plane = rxp->plane;
 	return rxp->peer;
+}
+
+/* Who owns overlay IPv4 address `addr` (network order): a peer index,
+ * MRC_OWNER_LOCAL, or MRC_OWNER_NONE. */
+static __always_inline __u32 ovl_owner(__be32 addr)
+{
+	struct mrc_ovl_key key = { .prefixlen = 32, .addr = addr };
+	__u32 *owner = bpf_map_lookup_elem(&mrc_ovl_owner, &key);
+
+	return owner ? *owner : MRC_OWNER_NONE;
 }
 
 #endif /* MRC_PEER_H */

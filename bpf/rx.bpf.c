@@ -35,9 +35,14 @@ static __always_inline __u32 rx_probe_reply(const struct mrc_config *cfg,
 					    struct mrc_path_stats *st,
 					    const struct mrc_hdr *mh)
 {
-	__u64 now = bpf_ktime_get_ns();
-	__u32 now_us = (__u32)(now / 1000);
+	__u64 now;
+	__u32 now_us;
 
+	/* Only a reply to a probe we sent changes state. */
+	if (!probe_reply_genuine(peer_idx, path_id, mh))
+		return RX_V(RX_DROP, MRC_R_RX_BAD_NONCE);
+	now = bpf_ktime_get_ns();
+	now_us = (__u32)(now / 1000);
 	evidence_probe_reply(cfg, peer_idx, path_id, live, bpf_ntohl(mh->psn),
 			     now_us - bpf_ntohl(mh->tx_ts), now);
 	st->probes_rx += 1;
@@ -76,7 +81,8 @@ static __always_inline __u32 rx_process(void *data, void *data_end, __u32 ifinde
 	struct mrc_path_live *live;
 	struct mrc_path_stats *st;
 	struct mrc_hdr *mh;
-	__u32 peer_idx, path_id, type, psn, v, now_us = 0;
+	struct mrc_path *pcfg;
+	__u32 peer_idx, path_id, plane, type, psn, v, now_us = 0;
 	int ecn;
 	__u64 now = 0;
 	bool receipt;
@@ -85,7 +91,7 @@ static __always_inline __u32 rx_process(void *data, void *data_end, __u32 ifinde
 	if (!cfg)
 		return RX_PASS_UNCOUNTED;
 	v = rx_validate(data, data_end, ifindex, cfg_udp_port(cfg), f,
-			&peer_idx, &peer, &type);
+			&peer_idx, &peer, &plane, &type);
 	if (v != RX_CONTINUE_V)
 		return v;
 	mh = f->mh;
@@ -104,16 +110,27 @@ static __always_inline __u32 rx_process(void *data, void *data_end, __u32 ifinde
 		return RX_V(RX_DROP, MRC_R_RX_UNKNOWN_PATH);
 	live = path_live(peer_idx, path_id);
 	st = path_stats(peer_idx, path_id);
-	if (!live || !st)
+	pcfg = path_cfg(peer_idx, path_id);
+	if (!live || !st || !pcfg)
 		return RX_V(RX_DROP, MRC_R_RX_UNKNOWN_PATH);
+	/* A path belongs to one plane: a frame naming another plane's path
+	 * (a stray or forged path id) must not move that path's state. */
+	if (pcfg->plane != plane)
+		return RX_V(RX_DROP, MRC_R_RX_WRONG_PLANE);
 
 	if (type == MRC_T_PROBE_REPLY)
 		return rx_probe_reply(cfg, peer_idx, path_id, live, st, mh);
 
-	/* DATA. The inner packet must be IPv4 (inner IPv6: parsing.h). */
+	/* DATA. The inner packet must be IPv4 (inner IPv6: parsing.h, and a
+	 * family-keyed owner map). */
 	nh.pos = mh + 1;
 	if (parse_l3(&nh, data_end, bpf_htons(ETH_P_IP), L3_F_IPV4, &f->inner) != L3_OK)
 		return RX_V(RX_DROP, MRC_R_RX_BAD_INNER);
+	/* Bound to the peer: its own inner source, our inner destination,
+	 * before the frame changes any state. */
+	v = rx_inner_bound(&f->inner, peer_idx);
+	if (v != RX_CONTINUE_V)
+		return v;
 	psn = rx_wire_psn(mh, &f->inner, data_end);
 
 	st->rx_packets += 1;

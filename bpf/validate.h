@@ -51,6 +51,25 @@ enum rx_action {
 #define RX_PASS_UNCOUNTED	RX_V(RX_PASS, RX_NOT_COUNTED)
 #define RX_CONTINUE_V		RX_V(RX_CONTINUE, RX_NOT_COUNTED)
 
+/*
+ * The path id and the inner addresses (after validation, in rx.bpf.c):
+ *  - a DATA or PROBE_REPLY path id must name a path of the plane the frame
+ *    arrived on (rx_path_on_plane), else MRC_R_RX_WRONG_PLANE;
+ *  - a DATA inner packet's source must be owned by the sending peer and its
+ *    destination by this host (rx_inner_bound, mrc_ovl_owner), else
+ *    MRC_R_RX_INNER_SRC / MRC_R_RX_INNER_DST: a peer may inject only its own
+ *    traffic, and only toward us.
+ */
+static __always_inline __u32 rx_inner_bound(const struct l3_desc *in,
+					    __u32 peer_idx)
+{
+	if (ovl_owner(in->ip4->saddr) != peer_idx)
+		return RX_V(RX_DROP, MRC_R_RX_INNER_SRC);
+	if (ovl_owner(in->ip4->daddr) != MRC_OWNER_LOCAL)
+		return RX_V(RX_DROP, MRC_R_RX_INNER_DST);
+	return RX_CONTINUE_V;
+}
+
 /* A frame matched by the source port only is someone else's unless it
  * proves to be a probe reply: it passes where ours would be dropped. */
 static __always_inline __u32 rx_refuse(bool reply_only, __u32 reason)
@@ -60,14 +79,16 @@ static __always_inline __u32 rx_refuse(bool reply_only, __u32 reason)
 
 /*
  * Outer headers up to the MRC header: fills f (eth, l3, udp, mh), the
- * sending peer and its entry. Returns RX_CONTINUE_V for a well-formed MRC
- * frame from a configured peer, else the final verdict. *type is the MRC
- * packet type.
+ * sending peer, its entry and the plane the frame arrived on (its index in
+ * this host's config). Returns RX_CONTINUE_V for a well-formed MRC frame
+ * from a configured peer, else the final verdict. *type is the MRC packet
+ * type.
  */
 static __always_inline __u32 rx_validate(void *data, void *data_end,
 					 __u32 ifindex, __u16 udp_port,
 					 struct mrc_frame *f, __u32 *peer_idx,
-					 struct mrc_peer **peerp, __u32 *type)
+					 struct mrc_peer **peerp, __u32 *plane,
+					 __u32 *type)
 {
 	struct hdr_cursor nh = { .pos = data };
 	struct mrc_rx_key key = {};
@@ -118,7 +139,7 @@ static __always_inline __u32 rx_validate(void *data, void *data_end,
 		key.family = 6;
 		__builtin_memcpy(key.addr, &f->l3.ip6->saddr, 16);
 	}
-	pidx = peer_by_source(&key);
+	pidx = peer_by_source(&key, plane);
 	if (pidx < 0)
 		return rx_refuse(reply_only, MRC_R_RX_UNKNOWN_PEER);
 	peer = peer_get(pidx);

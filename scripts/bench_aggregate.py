@@ -288,6 +288,10 @@ def per_packet_cost(n: int, log) -> dict:
     maps = loaded.maps
     maps["mrc_cfg"].update(wire.u32(0), wire.Config(udp_port=UDP_PORT, dead_after_us=0).pack())
     maps["mrc_peer_ip"].update(wire.ipv4_key(PEER_OVERLAY), wire.u32(PEER))
+    # rx takes what tx produced (inner LOCAL -> PEER): a loopback, so here our
+    # overlay address is the peer's and the peer's is served here.
+    maps["mrc_ovl_owner"].update(wire.OvlKey.of(LOCAL_OVERLAY).pack(), wire.u32(PEER))
+    maps["mrc_ovl_owner"].update(wire.OvlKey.of(PEER_OVERLAY).pack(), wire.u32(wire.MRC_OWNER_LOCAL))
     paths = [p for p in PATHS if p.family == 4][:2]
     maps["mrc_peers"].update(wire.u32(PEER), wire.Peer(n_paths=len(paths), overlay=PEER_OVERLAY).pack())
     for i, p in enumerate(paths):

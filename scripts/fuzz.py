@@ -61,6 +61,8 @@ def main(argv=None) -> int:
         rxm, txm = fuzzgen.configure(dp)
         runner = fuzzgen.Runner(dp, rxm, txm, batch=5000)
         for side, gen in (("rx", fuzzgen.rx_frames), ("tx", fuzzgen.tx_frames)):
+            if side == "tx":
+                fuzzgen.reset_evidence(dp)
             rng = random.Random(f"{a.seed}-{side}")
             res = fuzzgen.Result()
             t_report = time.monotonic()

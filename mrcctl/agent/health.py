@@ -9,7 +9,9 @@ this module feeds it and reports on it:
   path, counts consecutive replies until it returns to GOOD. Probes go out of
   an AF_PACKET socket per plane with prebuilt frames: no UDP socket has to
   own the EV ports (which overlap the kernel's ephemeral range), and only
-  the probe sequence number and timestamp change per probe. GOOD paths are
+  the probe sequence number, timestamp and nonce change per probe (the
+  nonce is recorded in mrc_probe_nonce first: ours counts only replies that
+  echo it). GOOD paths are
   probed only when data feedback has not refreshed their evidence within a
   probe interval, so under load probing costs next to nothing.
 * Link events: a netlink monitor; a plane that goes down or loses carrier
@@ -84,6 +86,9 @@ def probe_frame(path: wire.Path, path_id: int, udp_port: int) -> bytearray:
 # offsets of psn and tx_ts inside the MRC header (which ends the frame)
 _PSN_OFF = wire.MRC_HDR_LEN - 4
 _TS_OFF = wire.MRC_HDR_LEN - 8
+# ... and of the nonce halves (seq0, fb_ts), counted from the frame's end
+_NONCE_HI_END = wire.MRC_HDR_LEN - 16
+_NONCE_LO_END = wire.MRC_HDR_LEN - 24
 
 
 @dataclass
@@ -95,6 +100,7 @@ class ProbePath:
     frame: bytearray
     seq: int = 0
     sent: int = 0
+    nonces: wire.ProbeNonce | None = None     # outstanding probes (mrc_probe_nonce)
 
 
 class Prober:
@@ -126,7 +132,7 @@ class Prober:
             pp = ProbePath(peer.index, path.id, key, path.plane.device,
                            probe_frame(ent, path.id, self.cfg.udp_port))
             if prev is not None:
-                pp.seq, pp.sent = prev.seq, prev.sent
+                pp.seq, pp.sent, pp.nonces = prev.seq, prev.sent, prev.nonces
             out.append(pp)
             if path.plane.device not in self.socks:
                 self._open(path.plane.device)
@@ -141,7 +147,7 @@ class Prober:
     def tick(self, _now: float) -> list[ProbePath]:
         """Send due probes; returns the GOOD paths that left the last
         PROBE_LOSS probes unanswered."""
-        live_m = self.agent.dp.map("mrc_live")
+        live_m, nonce_m = self.agent.dp.map("mrc_live"), self.agent.dp.map("mrc_probe_nonce")
         now = time.monotonic_ns()
         silent = []
         for pp in self.paths:
@@ -165,6 +171,20 @@ class Prober:
             n = len(f)
             struct.pack_into("!I", f, n - _PSN_OFF, pp.seq)
             struct.pack_into("!I", f, n - _TS_OFF, (time.monotonic_ns() // 1000) & 0xFFFFFFFF)
+            # An unpredictable nonce per probe, known to rx before the probe
+            # leaves: only a reply echoing it counts (issue #13.8).
+            nonce = int.from_bytes(os.urandom(8), "big") or 1
+            hdr = wire.probe_nonce_fields(nonce)
+            struct.pack_into("!I", f, n - _NONCE_HI_END, hdr["seq0"])
+            struct.pack_into("!I", f, n - _NONCE_LO_END, hdr["fb_ts"])
+            if pp.nonces is None:
+                pp.nonces = wire.ProbeNonce()
+            pp.nonces.add(pp.seq, nonce)
+            try:
+                nonce_m.update(pp.key, pp.nonces.pack())
+            except OSError:
+                self.errors += 1
+                continue
             try:
                 self.socks[pp.plane].send(f)
                 pp.sent += 1

@@ -54,6 +54,9 @@ MRC_DEDUP_WORDS = 512       # hedged-unit duplicate filter: 512 words of 32 PSNs
 MRC_TX_FLOWS = 64           # sender: highest TCP sequence per inner flow, slots per peer
 
 MRC_PATH_ENTRIES = MRC_MAX_PEERS * MRC_MAX_PATHS
+MRC_PROBE_RING = 8            # outstanding probes per path whose nonces rx knows
+MRC_OWNER_LOCAL = 0xFFFFFFFF  # mrc_ovl_owner: a prefix served by this host
+MRC_OWNER_NONE = 0xFFFFFFFE   # ovl_owner(): no entry (never stored)
 
 
 def path_idx(peer: int, path: int) -> int:
@@ -117,7 +120,11 @@ class Reason(_LabelEnum):
     RX_PROBE_REPLY = 15
     RX_PASS_VLAN = 16
     RX_PASS_FRAGMENT = 17
-    RX_ECN_NOT_ECT = 18
+    RX_INNER_SRC = 18
+    RX_INNER_DST = 19
+    RX_WRONG_PLANE = 20
+    RX_BAD_NONCE = 21
+    RX_ECN_NOT_ECT = 22
 
     @property
     def is_drop(self) -> bool:
@@ -136,7 +143,7 @@ def reason_is_drop(label: str) -> bool:
     return "probe" not in label
 
 
-MRC_R_MAX = 19
+MRC_R_MAX = 23
 
 
 class EvReason(_LabelEnum):
@@ -181,6 +188,9 @@ def c_constants() -> dict[str, int]:
         "MRC_DEDUP_WORDS": MRC_DEDUP_WORDS,
         "MRC_TX_FLOWS": MRC_TX_FLOWS,
         "MRC_R_MAX": MRC_R_MAX,
+        "MRC_OWNER_LOCAL": MRC_OWNER_LOCAL,
+        "MRC_PROBE_RING": MRC_PROBE_RING,
+        "MRC_OWNER_NONE": MRC_OWNER_NONE,
     }
     out.update({f"MRC_T_{m.name}": int(m) for m in MsgType})
     out.update({f"MRC_PATH_{m.name}": int(m) for m in PathState})
@@ -572,7 +582,7 @@ class PathDelay(_Struct):
     """struct mrc_path_delay: RTT of our path from fresh feedback echoes."""
     C_NAME: ClassVar[str] = "mrc_path_delay"
     LAYOUT: ClassVar = (("samples", "Q"), ("last_fb_ts", "I"), ("rtt_us", "I"),
-                        ("ewma_us", "I"), ("rsvd", "I"))
+                        ("ewma_us", "I"), ("rsvd", "I"), ("last_ns", "Q"))
 
 
 @_struct
@@ -608,6 +618,58 @@ class RxKey(_Struct):
     @classmethod
     def _from_raw(cls, vals):
         return cls(ifindex=vals[0], family=vals[1], addr=addr_str(vals[2], vals[1]))
+
+
+@_struct
+class OvlKey(_Struct):
+    """struct mrc_ovl_key: an overlay IPv4 prefix, the key of mrc_ovl_owner
+    (value: a peer index or MRC_OWNER_LOCAL)."""
+    C_NAME: ClassVar[str] = "mrc_ovl_key"
+    LAYOUT: ClassVar = (("prefixlen", "I"), ("addr", "4s"))
+    DEFAULTS = {"prefixlen": 32, "addr": "0.0.0.0"}
+
+    def _to_raw(self):
+        return [self.prefixlen, socket.inet_aton(self.addr)]
+
+    @classmethod
+    def _from_raw(cls, vals):
+        return cls(prefixlen=vals[0], addr=socket.inet_ntoa(vals[1]))
+
+    @classmethod
+    def of(cls, network) -> "OvlKey":
+        """The key of an IPv4 network or address (an address is a /32)."""
+        net = ipaddress.ip_network(network, strict=False)
+        if net.version != 4:
+            raise ValueError(f"{network} is not IPv4 (the overlay carries IPv4)")
+        return cls(prefixlen=net.prefixlen, addr=str(net.network_address))
+
+
+@_struct
+class ProbeNonce(_Struct):
+    """struct mrc_probe_nonce: the outstanding probes of one path, slot
+    seq % MRC_PROBE_RING holding (nonce, seq); nonce 0 = unused."""
+    C_NAME: ClassVar[str] = "mrc_probe_nonce"
+    LAYOUT: ClassVar = (("nonce", f"{MRC_PROBE_RING}Q"), ("seq", f"{MRC_PROBE_RING}I"))
+    DEFAULTS = {"nonce": [0] * MRC_PROBE_RING, "seq": [0] * MRC_PROBE_RING}
+
+    def _to_raw(self):
+        return [*(list(self.nonce) + [0] * MRC_PROBE_RING)[:MRC_PROBE_RING],
+                *(list(self.seq) + [0] * MRC_PROBE_RING)[:MRC_PROBE_RING]]
+
+    @classmethod
+    def _from_raw(cls, vals):
+        return cls(nonce=list(vals[:MRC_PROBE_RING]), seq=list(vals[MRC_PROBE_RING:]))
+
+    def add(self, seq: int, nonce: int) -> None:
+        """Record probe `seq` sent with `nonce` (replacing the slot's old one)."""
+        i = seq % MRC_PROBE_RING
+        self.nonce[i], self.seq[i] = nonce, seq & 0xFFFFFFFF
+
+
+def probe_nonce_fields(nonce: int) -> dict:
+    """The PROBE header fields that carry a 64-bit nonce (echoed by the
+    peer's turn-around): seq0 (high half) and fb_ts (low half)."""
+    return {"seq0": (nonce >> 32) & 0xFFFFFFFF, "fb_ts": nonce & 0xFFFFFFFF}
 
 
 @_struct
@@ -653,7 +715,7 @@ class TxFlows(_Struct):
 
 ALL_STRUCTS: tuple[type[_Struct], ...] = (
     MrcHdr, Config, Peer, Slots, Path, PathLive, PeerSeq, PathStats, RxKey, RxPeer,
-    RxWin, Reorder, FlowletKey, Flowlet, PathDelay)
+    RxWin, Reorder, FlowletKey, Flowlet, PathDelay, OvlKey, ProbeNonce)
 # path health (bpf/judge.h, bpf/evidence.h)
 ALL_STRUCTS += (Event, HealthStats, Dedup, TxFlows)
 

@@ -65,6 +65,7 @@ def fill_maps(dp: Datapath, cfg: cfgmod.Config, planes: list[PlaneRuntime], over
         ip_key = peer.overlay.packed
         peer_ip.update(ip_key, wire.u32(peer.index))
         wanted_ip.add(ip_key)
+    _fill_owners(dp, cfg)
     # Peers and sources no longer in the config stop being accepted.
     for key in rx_peers.keys():
         if key not in wanted_rx:
@@ -76,6 +77,22 @@ def fill_maps(dp: Datapath, cfg: cfgmod.Config, planes: list[PlaneRuntime], over
         old = peers_m.lookup(wire.u32(i))
         if old and wire.Peer.unpack(old).n_paths:
             peers_m.update(wire.u32(i), wire.Peer().pack())
+
+
+def _fill_owners(dp: Datapath, cfg: cfgmod.Config) -> None:
+    """mrc_ovl_owner: which overlay prefixes each peer owns (the inner
+    sources it may send) and which are served here (the inner destinations
+    it may send to). Today /32s: every peer's overlay address and ours;
+    routed prefixes (issue #14) are more entries of the same map."""
+    owners = dp.map("mrc_ovl_owner")
+    wanted = {wire.OvlKey.of(cfg.overlay_address.ip).pack(): wire.MRC_OWNER_LOCAL}
+    for peer in cfg.peers:
+        wanted[wire.OvlKey.of(peer.overlay).pack()] = peer.index
+    for key, owner in wanted.items():
+        owners.update(key, wire.u32(owner))
+    for key in owners.keys():
+        if key not in wanted:
+            owners.delete(key)
 
 
 def _path_known(dp: Datapath, idx: int) -> bool:

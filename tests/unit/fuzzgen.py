@@ -33,6 +33,16 @@ EMPTY_PEER_SRC = "203.0.113.7"
 # A peer with every path id valid, so path_id mutations reach deep.
 WIDE_PEER = 9
 WIDE_PEER_SRC = "fd00:9::2"
+WIDE_PEER_OVERLAY = "10.99.0.9"
+ROUTED_PREFIX = "10.77.0.0/16"
+# Probes the agent sent: (path, seq, nonce); a reply echoing one is genuine.
+PROBES = [(path, seq, (0x9E3779B97F4A7C15 * (path * 31 + seq + 1)) & 0xFFFFFFFFFFFFFFFF)
+          for path in range(4) for seq in (100, 101, 102)]
+# Inner addresses: owned by the sending peer (by source), ours, or no one's.
+INNER_SRC_OF = {PATHS[0].daddr: PEER_OVERLAY, PATHS[3].daddr: PEER_OVERLAY, PATHS[1].daddr: PEER_OVERLAY,
+                WIDE_PEER_SRC: WIDE_PEER_OVERLAY}
+INNER_ADDRS = [PEER_OVERLAY, LOCAL_OVERLAY, WIDE_PEER_OVERLAY, "10.77.3.4", "10.99.0.77", "10.99.0.255",
+               "0.0.0.0", "255.255.255.255"]
 UNKNOWN_SRCS = ["203.0.113.9", "192.0.2.3", "fd00:1::3", "fd00:99::2"]
 KNOWN_SRCS = [PATHS[0].daddr, PATHS[0].saddr, PATHS[1].daddr, PATHS[3].daddr, OTHER_PLANE_SRC,
               EMPTY_PEER_SRC, WIDE_PEER_SRC]
@@ -45,32 +55,57 @@ def configure(dp) -> tuple[RxModel, TxModel]:
     dp.add_rx_peer(EMPTY_PEER_SRC, peer=EMPTY_PEER)
     dp.set_peer(EMPTY_PEER, n_paths=0)
     dp.add_rx_peer(WIDE_PEER_SRC, peer=WIDE_PEER)
-    dp.set_peer(WIDE_PEER, n_paths=wire.MRC_MAX_PATHS, overlay="10.99.0.9")
+    dp.set_peer(WIDE_PEER, n_paths=wire.MRC_MAX_PATHS, overlay=WIDE_PEER_OVERLAY)
+    dp.set_owner(WIDE_PEER_OVERLAY, WIDE_PEER)
+    dp.set_owner(ROUTED_PREFIX, PEER)                # a prefix routed to the peer (issue #14)
     rx = RxModel(udp_port=UDP_PORT)
     for p in PATHS:
-        rx.add_source(p.saddr, PEER)
-        rx.add_source(p.daddr, PEER)
+        rx.add_source(p.saddr, PEER, plane=p.plane)
+        rx.add_source(p.daddr, PEER, plane=p.plane)
     rx.add_source(OTHER_PLANE_SRC, PEER, ifindex=OTHER_PLANE_IFINDEX)
     rx.add_source(EMPTY_PEER_SRC, EMPTY_PEER)
     rx.add_source(WIDE_PEER_SRC, WIDE_PEER)
     rx.n_paths = {PEER: len(PATHS), EMPTY_PEER: 0, WIDE_PEER: wire.MRC_MAX_PATHS}
+    rx.path_plane = {(PEER, i): p.plane for i, p in enumerate(PATHS)}   # WIDE_PEER: all plane 0
+    rx.add_owner(PEER_OVERLAY, PEER)
+    rx.add_owner(LOCAL_OVERLAY, wire.MRC_OWNER_LOCAL)
+    rx.add_owner(WIDE_PEER_OVERLAY, WIDE_PEER)
+    rx.add_owner(ROUTED_PREFIX, PEER)
+    for peer in (PEER, WIDE_PEER):                   # outstanding probes whose replies are genuine
+        for path, seq, nonce in PROBES:
+            dp.probe_sent(path, seq, peer=peer, nonce=nonce)
+            rx.add_probe(peer, path, seq, nonce)
     dp.set_slots([0])                      # path 0: IPv4 underlay
     tx = TxModel()
     tx.add_peer(PEER_OVERLAY, PATHS[0].family)
     return rx, tx
 
 
+def reset_evidence(dp) -> None:
+    """Forget the evidence the rx frames left (genuine probe replies and
+    feedback echoes make some path the freshest, where mrc_tx steers TCP
+    retransmissions): the tx model assumes the configured slot table."""
+    dp.set_seq(PEER)
+    for i in range(len(PATHS)):
+        dp.set_live(i)
+
+
 # ------------------------------------------------------------------ seeds
 
-def _inner(rng: random.Random) -> bytes:
+def _inner(rng: random.Random, src: str = PEER_OVERLAY) -> bytes:
     n = rng.choice([0, 1, 20, 100, 600, 1400])
+    dst = LOCAL_OVERLAY
+    if rng.random() < 0.08:                          # a spoofed inner source / a foreign destination
+        src = rng.choice(INNER_ADDRS + ["10.77.0.1"])
+    if rng.random() < 0.05:
+        dst = rng.choice(INNER_ADDRS)
     if rng.random() < 0.6:
         body = pkt.tcp(5201, 40001, rng.getrandbits(32), rng.randbytes(n))
         proto = pkt.IPPROTO_TCP
     else:
         body = pkt.udp(5201, 40000, rng.randbytes(n))
         proto = pkt.IPPROTO_UDP
-    return pkt.ipv4(PEER_OVERLAY, LOCAL_OVERLAY, proto, body, ident=rng.getrandbits(16), tos=_tos(rng))
+    return pkt.ipv4(src, dst, proto, body, ident=rng.getrandbits(16), tos=_tos(rng))
 
 
 def _tos(rng: random.Random) -> int:
@@ -80,6 +115,10 @@ def _tos(rng: random.Random) -> int:
 
 def _hdr(rng: random.Random, mtype: int) -> bytes:
     segs = rng.choice([1, 1, 2, 4, 44, rng.getrandbits(16)])
+    if mtype == wire.MsgType.PROBE_REPLY and rng.random() < 0.6:   # a reply to one of our probes
+        path, seq, nonce = rng.choice(PROBES)
+        return wire.encode_mrc_hdr(mtype, path_id=path, psn=seq, tx_ts=rng.getrandbits(32),
+                                   **wire.probe_nonce_fields(nonce))
     return wire.encode_mrc_hdr(mtype, flags=rng.choice([0, 0, wire.MRC_F_FEEDBACK, rng.getrandbits(8)]),
                                path_id=rng.choice([0, 1, 2, 3, rng.getrandbits(16)]),
                                psn=rng.getrandbits(32), tx_ts=rng.getrandbits(32), segs=segs,
@@ -90,16 +129,19 @@ def _hdr(rng: random.Random, mtype: int) -> bytes:
 
 def mrc_seed(rng: random.Random, family: int, mtype: int = wire.MsgType.DATA, reply: bool = False,
              src: str | None = None) -> bytes:
-    inner = _inner(rng) if mtype == wire.MsgType.DATA else rng.choice([b"", rng.randbytes(32)])
+    if family == 4:
+        src = src or rng.choice([PATHS[0].daddr, PATHS[3].daddr, OTHER_PLANE_SRC, EMPTY_PEER_SRC])
+    else:
+        src = src or rng.choice([PATHS[1].daddr, WIDE_PEER_SRC])
+    inner = (_inner(rng, INNER_SRC_OF.get(src, PEER_OVERLAY)) if mtype == wire.MsgType.DATA
+             else rng.choice([b"", rng.randbytes(32)]))
     sport, dport = rng.randrange(49152, 49170), UDP_PORT
     if reply:
         sport, dport = UDP_PORT, rng.randrange(49152, 49170)
     payload = pkt.udp(sport, dport, _hdr(rng, mtype) + inner)
     if family == 4:
-        src = src or rng.choice([PATHS[0].daddr, PATHS[3].daddr, OTHER_PLANE_SRC, EMPTY_PEER_SRC])
         return pkt.eth(OUR_MAC, PEER_MAC, pkt.ETH_P_IP) + pkt.ipv4(
             src, PATHS[0].saddr, pkt.IPPROTO_UDP, payload, ident=rng.getrandbits(16), tos=_tos(rng))
-    src = src or rng.choice([PATHS[1].daddr, WIDE_PEER_SRC])
     return pkt.eth(OUR_MAC, PEER_MAC, pkt.ETH_P_IPV6) + pkt.ipv6(
         src, PATHS[1].saddr, pkt.IPPROTO_UDP, payload, flow=rng.getrandbits(20), tc=_tos(rng))
 
@@ -192,7 +234,7 @@ def _field(rng: random.Random, f: bytearray) -> None:
     v6 = len(f) >= 14 and _u16(f, 12) == pkt.ETH_P_IPV6
     uoff = 54 if v6 else 14 + 4 * (f[14] & 0x0F if len(f) > 14 else 5)
     moff = uoff + 8
-    k = rng.randrange(12)
+    k = rng.randrange(13)
     if k == 0:
         _put(f, 12, struct.pack("!H", rng.choice([0x0800, 0x86DD, 0x8100, 0x88A8, 0x0806, 0x05DC,
                                                    rng.getrandbits(16)])))
@@ -234,8 +276,11 @@ def _field(rng: random.Random, f: bytearray) -> None:
             _put(f, 26, wire.addr_bytes(src, 4))
     elif k == 10:                                   # inner IPv4 version/ihl
         _put(f, moff + 28, bytes([rng.choice([0x45, 0x44, 0x46, 0x4F, 0x60, 0x00, rng.getrandbits(8)])]))
-    else:                                           # segs / seg_size / seq0
+    elif k == 11:                                   # segs / seg_size / seq0
         _put(f, moff + 12, rng.randbytes(rng.choice([2, 4, 8])))
+    else:                                           # inner source or destination
+        a = rng.choice(INNER_ADDRS + [f"10.77.{rng.randrange(256)}.{rng.randrange(256)}"])
+        _put(f, moff + 28 + rng.choice([12, 16]), wire.ipv4_key(a))
 
 
 def mutate(rng: random.Random, frame: bytes) -> bytes:

@@ -18,6 +18,7 @@ it).
 
 from __future__ import annotations
 
+import ipaddress
 import struct
 from dataclasses import dataclass, field
 
@@ -66,16 +67,43 @@ def _u32(b: bytes, off: int) -> int:
 class RxModel:
     """The receive side's configuration, as the program sees it in its maps.
 
-    rx_peers: (ingress ifindex, family, 16-byte address) -> peer index;
-    n_paths: peer index -> paths (0 = free entry).
+    rx_peers: (ingress ifindex, family, 16-byte address) -> (peer index,
+    plane index); n_paths: peer index -> paths (0 = free entry);
+    path_plane: (peer, path id) -> the path's plane (0 for an entry never
+    written, as the array map reads); owners: overlay IPv4 network ->
+    peer index or MRC_OWNER_LOCAL, looked up by longest prefix.
     """
     udp_port: int = wire.MRC_DEFAULT_UDP_PORT
     rx_peers: dict = field(default_factory=dict)
     n_paths: dict = field(default_factory=dict)
+    path_plane: dict = field(default_factory=dict)
+    owners: dict = field(default_factory=dict)
+    probes: dict = field(default_factory=dict)   # (peer, path) -> {ring slot: (seq, nonce)}
 
-    def add_source(self, addr: str, peer: int, ifindex: int = 1) -> None:
+    def add_probe(self, peer: int, path: int, seq: int, nonce: int) -> None:
+        """The agent sent probe `seq` on (peer, path) with `nonce`."""
+        self.probes.setdefault((peer, path), {})[seq % wire.MRC_PROBE_RING] = (seq & 0xFFFFFFFF, nonce)
+
+    def probe_genuine(self, peer: int, path: int, f: bytes, moff: int) -> bool:
+        seq = _u32(f, moff + 4)
+        nonce = _u32(f, moff + 16) << 32 | _u32(f, moff + 24)
+        slot = self.probes.get((peer, path), {}).get(seq % wire.MRC_PROBE_RING)
+        return nonce != 0 and slot == (seq, nonce)
+
+    def add_source(self, addr: str, peer: int, ifindex: int = 1, plane: int = 0) -> None:
         fam = wire.family_of(addr)
-        self.rx_peers[(ifindex, fam, wire.addr_bytes(addr, fam).ljust(16, b"\0"))] = peer
+        self.rx_peers[(ifindex, fam, wire.addr_bytes(addr, fam).ljust(16, b"\0"))] = (peer, plane)
+
+    def add_owner(self, prefix: str, owner: int) -> None:
+        self.owners[ipaddress.ip_network(prefix, strict=False)] = owner
+
+    def owner(self, addr4: bytes) -> int | None:
+        a = ipaddress.IPv4Address(addr4)
+        best = None
+        for net, who in self.owners.items():
+            if a in net and (best is None or net.prefixlen > best[0]):
+                best = (net.prefixlen, who)
+        return best[1] if best else None
 
     # ------------------------------------------------------------------ rx
     def verdict(self, f: bytes, ingress: int = 1) -> Verdict:
@@ -140,7 +168,7 @@ class RxModel:
         def refuse(reason: R) -> Verdict:
             return PASS if reply_only else Verdict(XDP_DROP, reason)
 
-        peer = self.rx_peers.get((ingress, family, src))
+        peer, plane = self.rx_peers.get((ingress, family, src), (None, None))
         if peer is None or peer >= wire.MRC_MAX_PEERS or not self.n_paths.get(peer, 0):
             return refuse(R.RX_UNKNOWN_PEER)
         n_paths = self.n_paths[peer]
@@ -159,13 +187,23 @@ class RxModel:
             return Verdict(XDP_TX, R.RX_PROBE_REPLIED, self._probe_reply(f, family, uoff, moff), moff)
         if mtype not in (wire.MsgType.DATA, wire.MsgType.PROBE_REPLY):
             return Verdict(XDP_DROP, R.RX_BAD_TYPE, None, moff)
-        if _u16(f, moff + 2) >= n_paths:
+        path_id = _u16(f, moff + 2)
+        if path_id >= n_paths:
             return Verdict(XDP_DROP, R.RX_UNKNOWN_PATH, None, moff)
+        if self.path_plane.get((peer, path_id), 0) != plane:
+            return Verdict(XDP_DROP, R.RX_WRONG_PLANE, None, moff)
         if mtype == wire.MsgType.PROBE_REPLY:
+            if not self.probe_genuine(peer, path_id, f, moff):
+                return Verdict(XDP_DROP, R.RX_BAD_NONCE, None, moff)
             return Verdict(XDP_DROP, R.RX_PROBE_REPLY, None, moff)
         ioff = moff + MRC_HDR
         if ioff + 20 > n or f[ioff] >> 4 != 4 or f[ioff] & 0x0F < 5:
             return Verdict(XDP_DROP, R.RX_BAD_INNER, None, moff)
+        # Bound to the peer: its own inner source, our inner destination.
+        if self.owner(f[ioff + 12:ioff + 16]) != peer:
+            return Verdict(XDP_DROP, R.RX_INNER_SRC, None, moff)
+        if self.owner(f[ioff + 16:ioff + 20]) != wire.MRC_OWNER_LOCAL:
+            return Verdict(XDP_DROP, R.RX_INNER_DST, None, moff)
         # ECN, RFC 6040: CE outside a not-ECT inner packet is dropped; CE,
         # or ECT(1) over ECT(0), is merged into the inner header (checksum
         # updated incrementally, as the program does).

@@ -199,6 +199,29 @@ def test_dedup_seen(helper, desc, seq):
     assert ret == 0, desc
 
 
+def test_dedup_across_the_psn_wrap(helper):
+    """Issue #13.1: a stream of hedged PSNs running through 2^32 keeps
+    dropping duplicates on both sides of the wrap (block tags are 27 bits
+    and compared modulo 2^27, not as 32-bit numbers)."""
+    prog = helper("dedup").prog("test_dedup")
+    peer = 5
+
+    def seen(psn: int) -> int:
+        ret, _, _ = prog.test_run(struct.pack("=II", peer, psn & 0xFFFFFFFF) + bytes(60))
+        return ret
+
+    start, end, step = (1 << 32) - 3 * WINDOW, (1 << 32) + 3 * WINDOW, 29   # < 32: every block
+    for psn in range(start, end, step):
+        side = "before" if psn < 1 << 32 else "after"
+        assert seen(psn) == 0, f"first copy of {psn & 0xFFFFFFFF:#x} ({side} the wrap) dropped"
+        assert seen(psn) == 1, f"duplicate of {psn & 0xFFFFFFFF:#x} ({side} the wrap) delivered"
+        back = psn - 100 * step                    # well inside the window
+        if back >= start:
+            assert seen(back) == 1, f"duplicate of {back & 0xFFFFFFFF:#x} ({side} the wrap) delivered"
+    # and a PSN older than the window, from before the wrap, is let through
+    assert seen(start) == 0
+
+
 # ----------------------------------------------------------- encap / decap
 
 ENC_PATHS = [

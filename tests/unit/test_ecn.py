@@ -12,7 +12,7 @@ import struct
 import pytest
 
 import unit_pkt as pkt
-from unit_dp import PATHS, TC_ACT_REDIRECT, XDP_DROP, XDP_PASS, drops_delta
+from unit_dp import PATHS, PEER, TC_ACT_REDIRECT, XDP_DROP, XDP_PASS, drops_delta
 from mrcctl.datapath import abi as wire
 
 NOT_ECT, ECT1, ECT0, CE = 0, 1, 2, 3
@@ -64,6 +64,10 @@ def test_decap_merges_outer_ecn(dp, family):
 @pytest.mark.parametrize("path", [0, 1], ids=["outer-ipv4", "outer-ipv6"])
 def test_encap_copies_inner_ecn_to_the_outer_header(dp, path):
     dp.set_slots([path])
+    # a loopback (see test_rx.test_tx_then_rx_restores_inner): what we send
+    # comes back as from the peer
+    dp.set_owner(pkt.LOCAL_OVERLAY, PEER)
+    dp.set_owner(pkt.PEER_OVERLAY, wire.MRC_OWNER_LOCAL)
     for ecn in (NOT_ECT, ECT1, ECT0, CE):
         inner = pkt.overlay(pkt.udp(40000, 5201, b"q" * 64), tos=DSCP | ecn)
         ret, out = dp.run_tx(inner)

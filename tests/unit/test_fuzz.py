@@ -38,7 +38,8 @@ def test_rx_fuzz_matches_model(fz):
     reached = {k.split()[-1] for k in res.verdicts}
     for r in (R.RX_TRUNCATED, R.RX_BAD_VERSION, R.RX_UNKNOWN_PEER, R.RX_UNKNOWN_PATH, R.RX_BAD_TYPE,
               R.RX_FRAGMENT, R.RX_IP_OPTIONS, R.RX_BAD_INNER, R.RX_PROBE_REPLIED, R.RX_PROBE_REPLY,
-              R.RX_PASS_VLAN, R.RX_PASS_FRAGMENT, R.RX_ECN_NOT_ECT):
+              R.RX_PASS_VLAN, R.RX_PASS_FRAGMENT, R.RX_INNER_SRC, R.RX_INNER_DST, R.RX_WRONG_PLANE,
+              R.RX_BAD_NONCE, R.RX_ECN_NOT_ECT):
         assert r.label in reached, f"no frame reached {r.label}: {dict(res.verdicts)}"
     assert {"untouched", "decapsulated"} <= reached
     assert res.verdicts["rx PASS decapsulated"] > RX_FRAMES // 50
@@ -64,6 +65,7 @@ def test_model_catches_a_wrong_verdict(fz):
             v = super().verdict(f, ingress)
             return rxmodel.Verdict(rxmodel.XDP_PASS, None, f) if v.reason == R.RX_IP_OPTIONS else v
 
-    fz.rxm = Lenient(udp_port=UDP_PORT, rx_peers=fz.rxm.rx_peers, n_paths=fz.rxm.n_paths)
+    fz.rxm = Lenient(udp_port=UDP_PORT, rx_peers=fz.rxm.rx_peers, n_paths=fz.rxm.n_paths,
+                     path_plane=fz.rxm.path_plane, owners=fz.rxm.owners, probes=fz.rxm.probes)
     with pytest.raises(fuzzgen.Mismatch):
         fz.run("rx", [opts])

@@ -203,19 +203,22 @@ def test_fallback_finds_good_path_beyond_retry_window(hdp):
 
 # --------------------------------------------------------------- recovery
 
-def reply(path: int, seq: int, rtt_us: int = 100) -> bytes:
-    return mrc_frame(type=wire.MsgType.PROBE_REPLY, path_id=path, psn=seq, tx_ts=now_us() - rtt_us,
-                     inner=b"", sport=UDP_PORT, dport=PATHS[path].ev)
+def reply(dp, path: int, seq: int, rtt_us: int = 100) -> bytes:
+    """The reply to probe `seq` of `path`, which the agent sent (its nonce
+    recorded, echoed here)."""
+    return mrc_frame(PATHS[path].family, type=wire.MsgType.PROBE_REPLY, path_id=path,
+                     tx_ts=now_us() - rtt_us, inner=b"", sport=UDP_PORT, dport=PATHS[path].ev,
+                     **dp.probe_sent(path, seq))
 
 
 def test_recovery_needs_consecutive_probes(hdp):
     now = time.monotonic_ns()
     hdp.set_live(2, state=wire.PathState.ASSUMED_BAD, bad_ns=now - 10 * MS, probe_seq=10)
     for seq in (11, 13, 14):          # probe 12 lost: the count restarts at 13
-        assert hdp.run_rx(reply(2, seq))[0] == XDP_DROP
+        assert hdp.run_rx(reply(hdp, 2, seq))[0] == XDP_DROP
     assert hdp.live(2).state == wire.PathState.ASSUMED_BAD
     assert hdp.live(2).probe_ok == 2
-    hdp.run_rx(reply(2, 15))
+    hdp.run_rx(reply(hdp, 2, 15))
     live = hdp.live(2)
     assert live.state == wire.PathState.GOOD and live.unacked_ns == 0 and live.good_ns >= now
     evs = events(hdp)
@@ -228,7 +231,7 @@ def test_probes_sent_before_retirement_do_not_count(hdp):
     now = time.monotonic_ns()
     hdp.set_live(2, state=wire.PathState.ASSUMED_BAD, bad_ns=now, probe_seq=0)
     for seq in (1, 2, 3, 4):
-        hdp.run_rx(reply(2, seq, rtt_us=20_000))   # sent 20 ms ago, before bad_ns
+        hdp.run_rx(reply(hdp, 2, seq, rtt_us=20_000))   # sent 20 ms ago, before bad_ns
     assert hdp.live(2).state == wire.PathState.ASSUMED_BAD
 
 
@@ -242,10 +245,10 @@ def test_flapping_path_needs_more_probes(hdp):
     assert live.state == wire.PathState.ASSUMED_BAD and live.flaps == 1
     time.sleep(0.001)   # replies to probes sent after the retirement only
     for seq in range(live.probe_seq + 1, live.probe_seq + 4):
-        hdp.run_rx(reply(0, seq))
+        hdp.run_rx(reply(hdp, 0, seq))
     assert hdp.live(0).state == wire.PathState.ASSUMED_BAD      # 3 < 3 << 1
     for seq in range(live.probe_seq + 4, live.probe_seq + 7):
-        hdp.run_rx(reply(0, seq))
+        hdp.run_rx(reply(hdp, 0, seq))
     assert hdp.live(0).state == wire.PathState.GOOD
 
 

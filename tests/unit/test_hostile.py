@@ -120,15 +120,138 @@ def test_probes_from_strangers_are_not_answered(hd):
 def test_forged_probe_replies_and_feedback_do_not_revive_paths(hd):
     """Replies from strangers pass as someone else's traffic; a reply or an
     echo dated in the future (a forged RTT) is ignored as evidence."""
-    reply = dict(type=wire.MsgType.PROBE_REPLY, inner=b"", sport=UDP_PORT, dport=49153, path_id=1)
+    reply = dict(type=wire.MsgType.PROBE_REPLY, inner=b"", sport=UDP_PORT, dport=49154, path_id=2)
     untouched(hd, frame(src="203.0.113.9", tx_ts=now_us(), **reply))
-    assert hd.live(1).last_ack_ns == 0
-    rx(hd, frame(tx_ts=now_us() + 1_000_000, **reply), XDP_DROP, R.RX_PROBE_REPLY)
-    rx(hd, frame(flags=wire.MRC_F_FEEDBACK, fb_path=2, fb_ts=now_us() + 1_000_000, **fresh()), XDP_PASS, None)
+    assert hd.live(2).last_ack_ns == 0
+    rx(hd, frame(tx_ts=now_us() + 1_000_000, **reply, **sent(hd, 2, 1)), XDP_DROP, R.RX_PROBE_REPLY)
+    rx(hd, frame(flags=wire.MRC_F_FEEDBACK, fb_path=1, fb_ts=now_us() + 1_000_000, **fresh()), XDP_PASS, None)
     assert hd.live(1).last_ack_ns == 0 and hd.live(2).last_ack_ns == 0
     # and a genuine one is taken
-    rx(hd, frame(tx_ts=now_us() - 100, **reply), XDP_DROP, R.RX_PROBE_REPLY)
-    assert hd.live(1).last_ack_ns > 0
+    rx(hd, frame(tx_ts=now_us() - 100, **reply, **sent(hd, 2, 2)), XDP_DROP, R.RX_PROBE_REPLY)
+    assert hd.live(2).last_ack_ns > 0
+
+
+def sent(dp, path: int, seq: int, nonce: int | None = None) -> dict:
+    """Probe `seq` of `path` as the agent sends it (its nonce recorded in
+    the datapath and in the model): the header fields its reply echoes."""
+    hdr = dp.probe_sent(path, seq, nonce=nonce)
+    add = getattr(dp.rxm, "add_probe", None)
+    if add:
+        add(PEER, path, seq, hdr["seq0"] << 32 | hdr["fb_ts"])
+    return hdr
+
+
+def test_probe_reply_must_echo_the_probes_nonce(hd):
+    """Issue #13.8: a reply changes state only if it echoes the nonce of a
+    probe the agent sent with that sequence number. A reply without one
+    (a blind forger), with another probe's nonce or sequence, or for a probe
+    pushed out of the ring is dropped before it takes an RTT sample or
+    counts toward recovery."""
+    reply = dict(type=wire.MsgType.PROBE_REPLY, inner=b"", sport=UDP_PORT, dport=49154, path_id=2)
+    a = sent(hd, 2, 7)
+    b = sent(hd, 2, 8)
+    forged = [dict(psn=7),                                            # no nonce at all
+              dict(psn=7, seq0=a["seq0"], fb_ts=a["fb_ts"] ^ 1),      # a wrong nonce
+              dict(psn=7, seq0=b["seq0"], fb_ts=b["fb_ts"]),          # probe 8's nonce for 7
+              dict(psn=15, seq0=a["seq0"], fb_ts=a["fb_ts"])]         # same slot, another seq
+    for hdr in forged:
+        before = hd.drops()
+        ret, _ = hd.run_rx(frame(tx_ts=now_us() - 100, **reply, **hdr))
+        assert ret == XDP_DROP
+        assert delta(before, hd.drops()) == {getattr(R, "RX_BAD_NONCE", None): 1}, hdr
+        assert hd.live(2).last_ack_ns == 0 and hd.live(2).rtt_us == 0, f"forged reply {hdr} taken"
+    if hasattr(R, "RX_BAD_NONCE"):
+        rx(hd, frame(tx_ts=now_us() - 100, **reply, psn=7), XDP_DROP, R.RX_BAD_NONCE)
+    # the genuine replies are taken
+    rx(hd, frame(tx_ts=now_us() - 100, **reply, **a), XDP_DROP, R.RX_PROBE_REPLY)
+    assert hd.live(2).last_ack_ns > 0
+    rx(hd, frame(tx_ts=now_us() - 100, **reply, **b), XDP_DROP, R.RX_PROBE_REPLY)
+    # a probe pushed out of the ring by a newer one in its slot no longer counts
+    sent(hd, 2, 7 + wire.MRC_PROBE_RING if hasattr(wire, "MRC_PROBE_RING") else 15)
+    if hasattr(R, "RX_BAD_NONCE"):
+        rx(hd, frame(tx_ts=now_us() - 100, **reply, **a), XDP_DROP, R.RX_BAD_NONCE)
+    # a forged reply cannot recover a retired path either
+    hd.set_live(1, state=wire.PathState.ASSUMED_BAD, bad_ns=time.monotonic_ns() - 10_000_000)
+    for seq in range(1, 10):
+        hd.run_rx(frame(6, type=wire.MsgType.PROBE_REPLY, inner=b"", sport=UDP_PORT, dport=49153,
+                        path_id=1, psn=seq, tx_ts=now_us() - 100))
+    assert hd.live(1).state == wire.PathState.ASSUMED_BAD
+
+
+# ------------------------------------------------------------------ inner addresses (issue #13.7)
+
+def inner_from(src: str, dst: str = LOCAL_OVERLAY) -> bytes:
+    return pkt.ipv4(src, dst, pkt.IPPROTO_UDP, pkt.udp(5201, 40000, b"s" * 64))
+
+
+def reason(name: str) -> R:
+    """By name, so that the test runs (and fails) against a datapath that
+    does not know the reason yet."""
+    return getattr(R, name, None)
+
+
+@pytest.mark.parametrize("family", [4, 6])
+def test_spoofed_inner_source_is_dropped(hd, family):
+    """A configured peer may send only its own overlay address as inner
+    source: another peer's, ours, an unused overlay address, a broadcast or
+    0.0.0.0 is dropped before it changes any state."""
+    wide = "10.99.0.9"                       # WIDE_PEER's overlay address (fuzzgen)
+    for src in (wide, LOCAL_OVERLAY, "10.99.0.77", "10.99.0.255", "0.0.0.0", "8.8.8.8"):
+        st0 = hd.stats(0 if family == 4 else 1)
+        before = hd.drops()
+        ret, _ = hd.run_rx(frame(family, inner=inner_from(src), **fresh()))
+        assert ret == XDP_DROP, f"inner source {src} delivered"
+        assert delta(before, hd.drops()) == {reason("RX_INNER_SRC"): 1}
+        st1 = hd.stats(0 if family == 4 else 1)
+        assert st1.rx_packets == st0.rx_packets, "a refused frame moved the path's counters"
+        rx(hd, frame(family, inner=inner_from(src), **fresh()), XDP_DROP, reason("RX_INNER_SRC"))
+    # the peer's own address is delivered, and a prefix routed to it (issue #14) too
+    rx(hd, frame(family, inner=inner_from(PEER_OVERLAY), **fresh()), XDP_PASS, None)
+    hd.set_owner("10.77.0.0/16", PEER)
+    hd.rxm.add_owner("10.77.0.0/16", PEER)
+    rx(hd, frame(family, inner=inner_from("10.77.1.2"), **fresh()), XDP_PASS, None)
+    # ... but not to another peer: WIDE_PEER's own address is WIDE_PEER's only
+    rx(hd, frame(family, inner=inner_from(wide), **fresh()), XDP_DROP, reason("RX_INNER_SRC"))
+
+
+def test_inner_destination_must_be_ours(hd):
+    """The inner destination must be served here: another overlay address
+    (the peer itself, a third host, broadcast, a routed prefix of the peer)
+    is not ours to deliver."""
+    for dst in (PEER_OVERLAY, "10.99.0.9", "10.99.0.77", "10.99.0.255", "255.255.255.255", "192.0.2.1"):
+        before = hd.drops()
+        ret, _ = hd.run_rx(frame(inner=inner_from(PEER_OVERLAY, dst), **fresh()))
+        assert ret == XDP_DROP, f"inner destination {dst} delivered"
+        assert delta(before, hd.drops()) == {reason("RX_INNER_DST"): 1}
+        rx(hd, frame(inner=inner_from(PEER_OVERLAY, dst), **fresh()), XDP_DROP, reason("RX_INNER_DST"))
+    rx(hd, frame(inner=inner_from(PEER_OVERLAY, LOCAL_OVERLAY), **fresh()), XDP_PASS, None)
+
+
+def test_path_id_of_another_plane_is_dropped(hd):
+    """A frame on plane 0 naming a path of plane 1 or 2 (DATA or
+    PROBE_REPLY) is dropped and moves nothing of that path."""
+    v4_plane0 = dict(src=PATHS[0].daddr, dst=PATHS[0].saddr)
+    for pid in (1, 3):                                          # planes 1 and 2
+        st0 = hd.stats(pid)
+        before = hd.drops()
+        ret, _ = hd.run_rx(frame(path_id=pid, **v4_plane0, **fresh()))
+        assert ret == XDP_DROP, f"path {pid} (plane {PATHS[pid].plane}) accepted on plane 0"
+        assert delta(before, hd.drops()) == {reason("RX_WRONG_PLANE"): 1}
+        assert hd.stats(pid).rx_packets == st0.rx_packets
+        rx(hd, frame(path_id=pid, **v4_plane0, **fresh()), XDP_DROP, reason("RX_WRONG_PLANE"))
+    # a probe reply naming path 3 (plane 2) on plane 0 takes no RTT sample
+    reply = dict(type=wire.MsgType.PROBE_REPLY, inner=b"", sport=UDP_PORT, dport=49155, path_id=3,
+                 tx_ts=now_us() - 100, **sent(hd, 3, 1))
+    rx(hd, frame(**v4_plane0, **reply), XDP_DROP, reason("RX_WRONG_PLANE"))
+    assert hd.live(3).last_ack_ns == 0
+    # IPv6 (plane 1) naming path 0 (plane 0)
+    rx(hd, frame(6, path_id=0, **fresh()), XDP_DROP, reason("RX_WRONG_PLANE"))
+    # each on its own plane is accepted
+    rx(hd, frame(path_id=2, **v4_plane0, **fresh()), XDP_PASS, None)           # path 2: plane 0 too
+    rx(hd, frame(path_id=3, **fresh()), XDP_PASS, None)                         # from plane 2's address
+    rx(hd, frame(6, path_id=1, **fresh()), XDP_PASS, None)
+    rx(hd, frame(**reply), XDP_DROP, R.RX_PROBE_REPLY)
+    assert hd.live(3).last_ack_ns > 0
 
 
 # ------------------------------------------------------------------ malformed
@@ -180,9 +303,9 @@ def test_congestion_mark_on_a_transport_that_cannot_hear_it(hd, family):
     """RFC 6040: outer CE over a not-ECT inner packet is dropped; over an
     ECT one it is merged into the inner header (model and program agree)."""
     ce = {"tos": 0x03} if family == 4 else {"tc": 0x03}
-    rx(hd, frame(family, ip_kw=ce, path_id=family - 4, **fresh()), XDP_DROP, R.RX_ECN_NOT_ECT)
+    rx(hd, frame(family, ip_kw=ce, path_id=0 if family == 4 else 1, **fresh()), XDP_DROP, R.RX_ECN_NOT_ECT)
     ect = pkt.ipv4(PEER_OVERLAY, LOCAL_OVERLAY, pkt.IPPROTO_TCP, pkt.tcp(5201, 40001, 1, b"p" * 50), tos=0x02)
-    out = rx(hd, frame(family, inner=ect, ip_kw=ce, path_id=family - 4, **fresh()), XDP_PASS, None)
+    out = rx(hd, frame(family, inner=ect, ip_kw=ce, path_id=0 if family == 4 else 1, **fresh()), XDP_PASS, None)
     assert out[15] & 0x03 == 0x03 and wire.inet_csum(out[14:34]) == 0
 
 

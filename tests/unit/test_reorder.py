@@ -6,16 +6,17 @@ from __future__ import annotations
 import pytest
 
 import unit_pkt as pkt
-from unit_dp import (LOCAL_OVERLAY, PEER, PEER_OVERLAY, XDP_PASS)
+from unit_dp import (LOCAL_OVERLAY, PATHS, PEER, PEER_OVERLAY, XDP_PASS)
 from mrcctl.datapath import abi as wire
 
 
 def frame(psn: int, path: int = 0, *, segs: int = 1, seg_size: int = 0, seq0: int = 0,
           seq: int = 0) -> bytes:
-    """A DATA frame from the peer on plane 0 (IPv4) carrying one TCP segment."""
+    """A DATA frame from the peer on the path's plane carrying one TCP segment."""
     inner = pkt.ipv4(PEER_OVERLAY, LOCAL_OVERLAY, pkt.IPPROTO_TCP,
                      pkt.tcp(5201, 40001, seq, b"d" * 100))
-    return pkt.mrc_frame(inner=inner, path_id=path, psn=psn, segs=segs, seg_size=seg_size,
+    family = PATHS[path].family if path < len(PATHS) else 4
+    return pkt.mrc_frame(family, inner=inner, path_id=path, psn=psn, segs=segs, seg_size=seg_size,
                          seq0=seq0)
 
 
@@ -217,6 +218,29 @@ def test_path_delay_counts_fresh_echoes_only(dp):
     assert d2.samples == 2 and d2.last_fb_ts == ts2
     assert d2.ewma_us == d.ewma_us - (d.ewma_us >> 2) + (d2.rtt_us >> 2)
     assert delay(dp, 1).samples == 0
+
+
+@pytest.mark.parametrize("idle_min", [40, 60, 71])
+def test_path_delay_resumes_after_a_long_idle(dp, idle_min):
+    """Issue #13.5: the last sample was taken 36-72 min ago, so its 32-bit
+    microsecond timestamp reads as newer than a fresh one; the fresh echo
+    must still be a sample."""
+    import time
+    from unit_dp import now_us
+    idle_us = idle_min * 60 * 1_000_000
+    old = dict(samples=5, last_fb_ts=(now_us() - idle_us) & 0xFFFFFFFF, rtt_us=200, ewma_us=200,
+               last_ns=max(1, time.monotonic_ns() - idle_us * 1000))
+    fields = {n for n, _f in wire.PathDelay.LAYOUT}
+    dp.maps["mrc_path_delay"].update(wire.path_key(PEER, 2), wire.PathDelay(
+        **{k: v for k, v in old.items() if k in fields}).pack())
+    ts = (now_us() - 3000) & 0xFFFFFFFF
+    assert dp.run_rx(feedback_frame(2, ts, 100))[0] == XDP_PASS
+    d = delay(dp, 2)
+    assert d.samples == 6, f"a fresh echo after {idle_min} min idle was not taken"
+    assert d.last_fb_ts == ts and 3000 <= d.rtt_us < 3000 + 500_000
+    # and a repeat of it right after is no sample again
+    dp.run_rx(feedback_frame(2, ts, 101))
+    assert delay(dp, 2).samples == 6
 
 
 def unit_segment(unit_psn: int, j: int, segs: int, tx_ts: int, fb_ts: int) -> bytes:

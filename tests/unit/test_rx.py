@@ -8,7 +8,8 @@ import time
 import pytest
 
 import unit_pkt as pkt
-from unit_dp import (LO_IFINDEX, OUR_MAC, PATHS, PEER_MAC, TC_ACT_REDIRECT, UDP_PORT, XDP_DROP,
+from unit_dp import (LO_IFINDEX, LOCAL_OVERLAY, OUR_MAC, PATHS, PEER, PEER_MAC, PEER_OVERLAY,
+                     TC_ACT_REDIRECT, UDP_PORT, XDP_DROP,
                      XDP_PASS, XDP_TX, drops_delta, now_us)
 from mrcctl.datapath import abi as wire
 
@@ -35,6 +36,10 @@ def expect_pass_untouched(dp, frame: bytes, counted=None):
 @pytest.mark.parametrize("path", [0, 1], ids=["ipv4", "ipv6"])
 def test_tx_then_rx_restores_inner(dp, path):
     dp.set_slots([path])
+    # A loopback: what we send comes back to us as from the peer, so here
+    # our overlay address is the peer's and the peer's is served here.
+    dp.set_owner(LOCAL_OVERLAY, PEER)
+    dp.set_owner(PEER_OVERLAY, wire.MRC_OWNER_LOCAL)
     inner = pkt.overlay(pkt.tcp(40001, 5201, 99, b"z" * 700), pkt.IPPROTO_TCP)
     ret, outer = dp.run_tx(inner)
     assert ret == TC_ACT_REDIRECT
@@ -197,8 +202,11 @@ def test_counters_only_for_their_path(dp):
 
 @pytest.mark.parametrize("family", [4, 6])
 def test_probe_is_turned_around(dp, family):
-    probe = mrc_frame(family, type=wire.MsgType.PROBE, path_id=7, tx_ts=4242, psn=0,
-                      inner=b"", sport=49160)
+    # our path 7 does not exist here: the reply fed back below names path
+    # 2 (or 1 on the IPv6 plane), whose probe 0 the agent sent
+    sent = dp.probe_sent(2 if family == 4 else 1, 0)
+    probe = mrc_frame(family, type=wire.MsgType.PROBE, path_id=7, tx_ts=4242, inner=b"", sport=49160,
+                      **sent)
     before = dp.drops()
     ret, out = dp.run_rx(probe)
     assert ret == XDP_TX
@@ -220,9 +228,10 @@ def test_probe_is_turned_around(dp, family):
     assert h.type == wire.MsgType.PROBE_REPLY and h.version == 1
     assert h.path_id == 7 and h.tx_ts == 4242
     # and the reply, fed back, is consumed as a probe reply (our path 7
-    # does not exist here: rewrite it to path 2)
+    # does not exist here: rewrite it to path 2, or path 1 on the IPv6
+    # plane)
     reply = bytearray(out)
-    struct.pack_into("!H", reply, l4 + 8 + 2, 2)
+    struct.pack_into("!H", reply, l4 + 8 + 2, 2 if family == 4 else 1)
     before = dp.drops()
     ret, _ = dp.run_rx(bytes(reply))
     assert ret == XDP_DROP
@@ -232,7 +241,7 @@ def test_probe_is_turned_around(dp, family):
 def test_probe_reply_records_rtt(dp):
     t_sent = now_us() - 500
     reply = mrc_frame(type=wire.MsgType.PROBE_REPLY, path_id=2, tx_ts=t_sent, inner=b"",
-                      sport=UDP_PORT, dport=PATHS[2].ev)
+                      sport=UDP_PORT, dport=PATHS[2].ev, **dp.probe_sent(2, 1))
     before = dp.drops()
     t0 = time.monotonic_ns()
     ret, _ = dp.run_rx(reply)
@@ -248,7 +257,8 @@ def test_probe_reply_records_rtt(dp):
     assert dp.stats(2).rx_packets == 0
     # a second sample moves srtt by 1/8 of the difference
     ret, _ = dp.run_rx(mrc_frame(type=wire.MsgType.PROBE_REPLY, path_id=2, inner=b"",
-                                 tx_ts=now_us() - 8500, sport=UDP_PORT, dport=PATHS[2].ev))
+                                 tx_ts=now_us() - 8500, sport=UDP_PORT, dport=PATHS[2].ev,
+                                 **dp.probe_sent(2, 2)))
     live2 = dp.live(2)
     assert live2.rtt_us >= 8500
     expect = live.srtt_us - (live.srtt_us >> 3) + (live2.rtt_us >> 3)

@@ -108,11 +108,34 @@ class Datapath:
         key = wire.RxKey(ifindex=ifindex, family=wire.family_of(addr), addr=addr).pack()
         self.maps["mrc_rx_peers"].update(key, wire.RxPeer(peer=peer, plane=plane).pack())
 
+    def set_owner(self, prefix: str, owner: int):
+        """mrc_ovl_owner: overlay prefix (or address) -> peer index or
+        wire.MRC_OWNER_LOCAL. A datapath without the map (before issue
+        #13.7) has no owners to set."""
+        if "mrc_ovl_owner" in self.maps:
+            self.maps["mrc_ovl_owner"].update(wire.OvlKey.of(prefix).pack(), wire.u32(owner))
+
+    def probe_sent(self, path: int, seq: int, peer: int = PEER, nonce: int | None = None) -> dict:
+        """As the agent does before each probe: record probe `seq` of
+        `path` with a random nonce in mrc_probe_nonce. Returns the header
+        fields (psn, seq0, fb_ts) its reply echoes."""
+        nonce = nonce if nonce is not None else (int.from_bytes(os.urandom(8), "big") or 1)
+        if "mrc_probe_nonce" not in self.maps:          # a datapath before issue #13.8
+            return {"psn": seq, "seq0": nonce >> 32, "fb_ts": nonce & 0xFFFFFFFF}
+        key = wire.path_key(peer, path)
+        ent = wire.ProbeNonce.unpack(self.maps["mrc_probe_nonce"].lookup(key))
+        ent.add(seq, nonce)
+        self.maps["mrc_probe_nonce"].update(key, ent.pack())
+        return {"psn": seq, **wire.probe_nonce_fields(nonce)}
+
     def configure(self, paths=PATHS, slots=(0,), peer: int = PEER):
         """One peer: overlay PEER_OVERLAY -> peer, its paths, a slot table,
-        and every path address accepted as an MRC source on lo."""
+        and every path address accepted as an MRC source on lo (on the
+        path's plane); PEER_OVERLAY owned by the peer, LOCAL_OVERLAY here."""
         self.set_cfg(udp_port=UDP_PORT)
         self.maps["mrc_peer_ip"].update(wire.ipv4_key(PEER_OVERLAY), wire.u32(peer))
+        self.set_owner(PEER_OVERLAY, peer)
+        self.set_owner(LOCAL_OVERLAY, getattr(wire, "MRC_OWNER_LOCAL", 0xFFFFFFFF))
         self.set_peer(peer, n_paths=len(paths), overlay=PEER_OVERLAY)
         self.set_paths(paths, peer)
         self.set_slots(list(slots), 0, peer)

@@ -92,19 +92,27 @@ def mrc_frame(family: int = 4, *, src: str | None = None, dst: str | None = None
               inner: bytes | None = None, sport: int = 49152, dport: int = UDP_PORT,
               hdr: bytes | None = None, ip_kw: dict | None = None, udp_len: int | None = None,
               **hdr_kw) -> bytes:
-    """An MRC frame as the peer would send it to us on plane 0 (IPv4) or
-    plane 1 (IPv6); hdr_kw go to wire.encode_mrc_hdr unless hdr is given."""
+    """An MRC frame as the peer would send it to us on the plane of the
+    path it names (path_id, default 0 for IPv4 and 1 for IPv6): plane 0
+    (IPv4), plane 1 (IPv6) or plane 2 (IPv4, path 3); a path id of no path
+    of that family keeps plane 0 / plane 1. hdr_kw go to
+    wire.encode_mrc_hdr unless hdr is given."""
     if inner is None:
         inner = inner_ip()
     if hdr is None:
+        hdr_kw.setdefault("path_id", 0 if family == 4 else 1)
         hdr = wire.encode_mrc_hdr(**hdr_kw)
+    pid = wire.decode_mrc_hdr(hdr[:wire.MRC_HDR_LEN]).path_id if len(hdr) >= wire.MRC_HDR_LEN else 0
+    plane = PATHS[0] if family == 4 else PATHS[1]
+    if pid < len(PATHS) and PATHS[pid].family == family:
+        plane = PATHS[pid]
     payload = udp(sport, dport, hdr + inner, length=udp_len)
     ip_kw = ip_kw or {}
     if family == 4:
         return eth(OUR_MAC, PEER_MAC, ETH_P_IP) + ipv4(
-            src or PATHS[0].daddr, dst or PATHS[0].saddr, IPPROTO_UDP, payload, **ip_kw)
+            src or plane.daddr, dst or plane.saddr, IPPROTO_UDP, payload, **ip_kw)
     return eth(OUR_MAC, PEER_MAC, ETH_P_IPV6) + ipv6(
-        src or PATHS[1].daddr, dst or PATHS[1].saddr, IPPROTO_UDP, payload, **ip_kw)
+        src or plane.daddr, dst or plane.saddr, IPPROTO_UDP, payload, **ip_kw)
 
 
 def mrc_hdr_of(out: bytes) -> wire.MrcHdr:
