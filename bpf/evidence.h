@@ -84,26 +84,6 @@ static __always_inline __u32 evidence_ewma(__u32 old, __u64 sample)
 	return old ? old - (old >> 3) + (v >> 3) : v;
 }
 
-/* Smoothed evidence delay and its mean deviation (RFC 6298's SRTT and
- * RTTVAR, gains 1/8 and 1/4), samples capped as above. The deviation sets
- * how far past its expected evidence a path may run before the judge
- * (judge.h) calls it late: a path whose delay jitters gets more slack, a
- * steady one is judged tightly. */
-static __always_inline void evidence_delay(struct mrc_path_live *live, __u64 sample)
-{
-	__u32 v = sample > EVIDENCE_GAP_CAP_US ? EVIDENCE_GAP_CAP_US : (__u32)sample;
-	__u32 srtt = live->ev_rtt_us, var = live->ev_var_us, dev;
-
-	if (!srtt) {
-		live->ev_rtt_us = v ? v : 1;
-		live->ev_var_us = v / 2;
-		return;
-	}
-	dev = v > srtt ? v - srtt : srtt - v;
-	live->ev_var_us = var - (var >> 2) + (dev >> 2);
-	live->ev_rtt_us = srtt - (srtt >> 3) + (v >> 3);
-}
-
 /* The path's confirmed send time is live->last_ack_ns. If that moved (an
  * echo may repeat an old receipt for a while after the path died), raise
  * the peer's reference and keep two smoothed values (gain 1/8): the delay
@@ -128,7 +108,7 @@ static __always_inline bool evidence_new(__u32 peer_idx, __u32 path_id,
 		seq->ack_max_ns = ack_ns;
 		seq->ack_max_path = path_id;
 	}
-	evidence_delay(live, (now - ack_ns) / 1000);
+	live->ev_rtt_us = evidence_ewma(live->ev_rtt_us, (now - ack_ns) / 1000);
 	if (live->ev_rx_ns)
 		live->ev_gap_us = evidence_ewma(live->ev_gap_us,
 						(now - live->ev_rx_ns) / 1000);

@@ -34,10 +34,6 @@ static __always_inline bool feedback_receipt(struct mrc_path_live *live,
 	if (unit == live->last_rx_unit && live->last_rx_ns)
 		return false;
 	*now = bpf_ktime_get_ns();
-	/* The first receipt since the last echo dates how long this path
-	 * has waited for one (feedback_pick). */
-	if (live->fb_echoed == live->last_rx_ts)
-		live->first_rx_ts = tx_ts;
 	live->last_rx_ns = *now;
 	live->last_rx_ts = tx_ts;
 	live->last_rx_unit = unit;
@@ -46,27 +42,21 @@ static __always_inline bool feedback_receipt(struct mrc_path_live *live,
 
 /*
  * tx: one of the peer's paths toward us and the tx_ts of the newest packet
- * received on it. Among the paths near the round-robin cursor with a
- * receipt not echoed yet, echo the one that has waited longest: whose
- * *first* unechoed receipt is oldest (else the cursor's path, if fresh).
- * The echo carries that path's newest receipt, which covers everything
- * older on it. Echoing in send order matters to the peer's judgement
+ * received on it. Among the paths near the round-robin cursor whose newest
+ * receipt was not echoed yet, echo the *oldest* one (else the cursor's path,
+ * if fresh). Echoing in send order matters to the peer's judgement
  * (judge.h): if a later receipt on another path were echoed first, the peer
  * would see its reference move past a packet that did arrive, only not yet
  * said so - a false "dead" whenever reverse packets are few (pure ACKs,
- * delayed ACKs, a busy host's ACKs in bursts). Ordering by the newest
- * receipt instead let a path that kept receiving wait behind paths that
- * received once, for as long as the reverse stream stalled: measured on
- * the fabric, paths retired "dead" 22-45 ms after their oldest unit while
- * every path delivered.
+ * delayed ACKs).
  */
 struct feedback_ctx {
 	__u64	now;
 	__u32	peer;
 	__u32	n;
 	__u32	start;
-	int	pick;		/* longest-waiting unechoed receipt */
-	__u32	pick_ts;	/* its first_rx_ts */
+	int	pick;		/* oldest unechoed receipt */
+	__u32	pick_ts;
 	int	first;		/* the cursor's path, if fresh */
 };
 
@@ -88,9 +78,9 @@ static long feedback_cb(__u32 i, void *arg)
 	if (i == 0)
 		c->first = p;
 	if (l->fb_echoed != l->last_rx_ts &&
-	    (c->pick < 0 || (__s32)(l->first_rx_ts - c->pick_ts) < 0)) {
+	    (c->pick < 0 || (__s32)(l->last_rx_ts - c->pick_ts) < 0)) {
 		c->pick = p;
-		c->pick_ts = l->first_rx_ts;
+		c->pick_ts = l->last_rx_ts;
 	}
 	return 0;
 }

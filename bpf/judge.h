@@ -101,42 +101,20 @@ static __always_inline bool judge_retire(__u32 peer_idx, __u32 pid,
 	return true;
 }
 
-/* How far past its expected evidence a path may run before it is late,
- * in ns: its evidence gap (feedback reaches each path only every few
- * reverse packets) plus four mean deviations of its evidence delay, as
- * RTO = SRTT + 4 RTTVAR, with health.dead_after_ms as the floor. A path
- * with jittery evidence (a busy receiver, a queue) gets more slack, a
- * steady one is judged tightly. Gap and deviation samples are capped
- * (evidence.h), so the window stays bounded. */
-static __always_inline __s64 judge_window(const struct mrc_config *cfg,
-					  const struct mrc_path_live *live)
-{
-	__u64 w = (__u64)live->ev_gap_us + 4ULL * live->ev_var_us;
-
-	if (w < cfg->dead_after_us)
-		w = cfg->dead_after_us;
-	return (__s64)(w * 1000);
-}
-
 /*
  * Judge an allowed path for the next unit. GOOD paths are usable (H_OK or
  * H_SUSPECT); a GOOD path whose evidence is overdue is retired here, unless
  * that would leave fewer than min_active usable paths.
  *
- * Relative and time-based, as RACK (RFC 8985) judges a packet: the path's
- * oldest outstanding unit was sent at unacked_ns; it is late when
- *  - a unit sent later on a sibling path to the same peer is already
- *    confirmed (mrc_peer_seq.ack_max_ns), later by more than the window,
- *    after allowing for the difference in the two paths' smoothed evidence
- *    delays (a slower path is not a dead one); a peer gone silent
- *    altogether, or a host whose every path is slowed alike (its CPU, a
- *    queue all paths share), moves no reference past the unit and retires
- *    nothing;
- *  - and the path's own smoothed evidence delay plus the window has
- *    passed since the unit went out.
- * The window (judge_window) comes from the path's measured evidence gap
- * and delay deviation, floored at dead_after. A path that is merely idle
- * has nothing outstanding.
+ * "Overdue": the path's oldest outstanding unit was sent at unacked_ns, and
+ *  - a packet sent more than dead_after later has already been confirmed
+ *    on some other path (mrc_peer_seq.ack_max_ns): a peer gone silent
+ *    altogether retires nothing, there would be nothing better to move to;
+ *  - and it is more than dead_after later than this path's own smoothed
+ *    RTT and evidence gap allow: queues differ between planes (measured
+ *    here: up to ~8 ms between tbf-shaped planes under one TCP flow), and
+ *    feedback reaches each path only every few reverse packets.
+ * A path that is merely idle has nothing outstanding.
  */
 static __always_inline int health_judge(const struct mrc_config *cfg,
 					const struct mrc_peer *peer,
@@ -144,9 +122,8 @@ static __always_inline int health_judge(const struct mrc_config *cfg,
 					struct mrc_path_live *live, __u64 now)
 {
 	struct mrc_peer_seq *seq;
-	struct mrc_path_live *ref;
 	__u64 un, ack;
-	__s64 lag, late, win;
+	__s64 lag, late;
 
 	if (live->state != MRC_PATH_GOOD)
 		return H_UNUSABLE;
@@ -165,17 +142,14 @@ static __always_inline int health_judge(const struct mrc_config *cfg,
 	seq = peer_seq(peer_idx);
 	if (!seq)
 		return H_OK;
+	/* Late relative to the peer's freshest evidence (a peer gone silent
+	 * altogether retires nothing), and late against this path's own
+	 * smoothed RTT and evidence gap (planes queue differently). */
 	lag = (__s64)(seq->ack_max_ns - un);
-	if (seq->ack_max_path != pid) {
-		ref = path_live(peer_idx, seq->ack_max_path);
-		if (ref && live->ev_rtt_us > ref->ev_rtt_us)
-			lag -= (__s64)(live->ev_rtt_us - ref->ev_rtt_us) * 1000;
-	}
 	late = (__s64)(now - un) - (__s64)live->ev_rtt_us * 1000;
 	if (late < lag)
 		lag = late;
-	win = judge_window(cfg, live);
-	if (lag > win) {
+	if (lag > (__s64)cfg->dead_after_us * 1000) {
 		/* Two strikes: one lost unit (a congestion drop, a queue
 		 * spike) must not retire a path. The first verdict restarts
 		 * the observation with this unit; only if it and what

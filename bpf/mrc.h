@@ -231,13 +231,6 @@ struct mrc_path_live {
 	__u32	last_rx_unit;	/* receiver: PSN of the unit last_rx_ts came
 				 * from (its segments share one header);
 				 * writer: mrc_rx (feedback.h) */
-	__u32	ev_var_us;	/* sender: smoothed mean deviation of the
-				 * evidence delay (ev_rtt_us), as TCP's RTTVAR;
-				 * writer: mrc_rx (evidence.h) */
-	__u32	first_rx_ts;	/* receiver: tx_ts of the oldest receipt not yet
-				 * echoed (feedback_pick echoes the path that
-				 * has waited longest); writer: mrc_rx
-				 * (feedback.h) */
 	__u32	rsvd;
 };
 

@@ -160,11 +160,8 @@ class Prober:
             # GOOD paths with fresh evidence from data feedback need no probe
             if lv.state == wire.PathState.GOOD and now - lv.last_ack_ns < self.interval_ns:
                 continue
-            # A path with no evidence ever (the peer's mrc not up yet) is
-            # unknown, not lost: retiring it churned every path through
-            # ASSUMED_BAD whenever one host came up before its peer.
             if lv.state == wire.PathState.GOOD and ((pp.seq - lv.probe_seq) & 0xFFFFFFFF) >= PROBE_LOSS \
-                    and pp.sent >= PROBE_LOSS and lv.last_ack_ns and now - lv.last_ack_ns > PROBE_STALE_NS:
+                    and pp.sent >= PROBE_LOSS and now - lv.last_ack_ns > PROBE_STALE_NS:
                 silent.append(pp)
             pp.seq = (pp.seq + 1) & 0xFFFFFFFF
             f = pp.frame

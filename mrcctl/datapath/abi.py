@@ -483,8 +483,7 @@ class PathLive(_Struct):
                         ("unacked_ns", "Q"), ("bad_ns", "Q"), ("good_ns", "Q"),
                         ("probe_seq", "I"), ("probe_ok", "I"), ("flaps", "I"),
                         ("fb_echoed", "I"), ("ev_rx_ns", "Q"), ("ev_gap_us", "I"), ("ev_rtt_us", "I"),
-                        ("ev_ack_ns", "Q"), ("strike_ns", "Q"), ("last_rx_unit", "I"),
-                        ("ev_var_us", "I"), ("first_rx_ts", "I"), ("rsvd", "I"))
+                        ("ev_ack_ns", "Q"), ("strike_ns", "Q"), ("last_rx_unit", "I"), ("rsvd", "I"))
     DEFAULTS = {"state": PathState.GOOD}
 
 
