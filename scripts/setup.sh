@@ -121,7 +121,12 @@ for c in clang ip tc nft; do
     command -v "$c" >/dev/null || die "'$c' is missing after the package step"
 done
 [[ -e /usr/include/bpf/bpf_helpers.h ]] || die "libbpf headers missing (/usr/include/bpf); install libbpf-dev"
-if ! ldconfig -p 2>/dev/null | grep -q 'libbpf\.so\.1'; then
+# The cache listing goes to a variable first: under pipefail, `ldconfig -p |
+# grep -q` fails whenever grep exits on its first match while ldconfig (a
+# listing over the 64 KiB pipe buffer on a full image) is still writing.
+ld_cache=$( { ldconfig -p || /sbin/ldconfig -p; } 2>/dev/null || true)
+if [[ $ld_cache != *'libbpf.so.1 '* ]] && ! compgen -G '/usr/lib/*/libbpf.so.1' >/dev/null \
+        && ! compgen -G '/lib/*/libbpf.so.1' >/dev/null; then
     die "libbpf.so.1 not found by the dynamic linker; install libbpf1"
 fi
 
