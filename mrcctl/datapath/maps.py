@@ -31,6 +31,7 @@ class Datapath:
         self.inst = inst
         self.state = inst.read()
         self._maps: dict[str, Map] = {}
+        self._ctl: Program | None = None
 
     def exists(self) -> bool:
         return bool(self.state.get("map_ids"))
@@ -59,18 +60,31 @@ class Datapath:
         return Program.from_id(pid)
 
     def path(self, peer: int, path_id: int) -> tuple[abi.Path, abi.PathLive]:
-        """A path's entry (mrc_paths) and its liveness (mrc_live)."""
+        """A path's entry (mrc_paths, with .admin from mrc_admin) and its
+        liveness (mrc_live)."""
         key = abi.path_key(peer, path_id)
-        return (abi.Path.unpack(self.map("mrc_paths").lookup(key)),
-                abi.PathLive.unpack(self.map("mrc_live").lookup(key)))
+        p = abi.Path.unpack(self.map("mrc_paths").lookup(key))
+        p.admin = abi.unpack_u32(self.map("mrc_admin").lookup(key))
+        return p, abi.PathLive.unpack(self.map("mrc_live").lookup(key))
 
     def usable(self, peer: int, path_id: int) -> bool:
         return abi.path_usable(*self.path(peer, path_id))
+
+    def retire(self, peer: int, path_id: int) -> bool:
+        """Ask the datapath to move a GOOD path to ASSUMED_BAD (the agent's
+        retirements: bpf/ctl.bpf.c); True if this call made the change."""
+        from .objects import MAP_NAMES, ctl_retire, load_ctl
+        if self._ctl is None:
+            self._ctl = load_ctl({n: self.map(n) for n in MAP_NAMES if n in self.state.get("map_ids", {})})
+        return ctl_retire(self._ctl, peer, path_id)
 
     def close(self):
         for m in self._maps.values():
             m.close()
         self._maps.clear()
+        if self._ctl is not None:
+            self._ctl.close()
+            self._ctl = None
 
     def __enter__(self):
         return self
