@@ -9,8 +9,10 @@
  *
  * Every map value field names its writer(s): "agent" is mrcctl (the loader at
  * `up`, the agent's tasks, operator commands), mrc_tx / mrc_rx the programs,
- * with the header that holds the write. A field with more than one writer
- * says so; giving each field one writer is issue #13. The maps themselves
+ * with the header that holds the write. A field has one writer, or writers
+ * that hand it over by compare-and-swap (mrc_live.state) or in turn (the
+ * loader at `up`, which stops the agent first, then the agent); the one
+ * exception left is mrc_peers, said there. The maps themselves
  * are defined in the header of the concern that owns them (maps.h lists
  * them).
  */
@@ -125,7 +127,10 @@ struct mrc_config {
 
 /* mrc_peers: ARRAY[MRC_MAX_PEERS]. n_paths == 0 marks a free entry. Every
  * field: agent; its writers rewrite the whole entry (loader at `up`, slot
- * table flips, `mrcctl spray`, the adaptive flowlet gap) and re-check. */
+ * table flips, `mrcctl spray`, the adaptive flowlet gap). The one entry
+ * with two live writers: `mrcctl spray` against the agent's flips and gap,
+ * which it outlasts by verifying and repeating its write (admin.set_spray);
+ * a lost flip costs the agent one rebuild. */
 struct mrc_peer {
 	__u32	n_paths;	/* writer: agent (loader) */
 	__u32	table;		/* which of the two slot tables is live (0/1);
@@ -169,10 +174,12 @@ struct mrc_path {
 	__u8	family;		/* 4 or 6; writer: agent (loader) */
 	__u8	plane;		/* plane index; writer: agent (loader) */
 	__u8	smac[6];	/* writer: agent (loader) */
-	__u8	dmac[6];	/* writers: agent (loader, neighbours task) */
+	__u8	dmac[6];	/* writer: agent (loader, then the neighbours
+				 * task) */
 	__be32	saddr[4];	/* IPv4 uses [0]; writer: agent (loader) */
 	__be32	daddr[4];	/* writer: agent (loader) */
-	__u32	weight;		/* writers: agent (loader, adaptive weights) */
+	__u32	weight;		/* writer: agent (loader, then adaptive
+				 * weights) */
 	__u32	rsvd;		/* was the operator's admin state, now in
 				 * mrc_admin: a field of another writer */
 };
