@@ -96,7 +96,7 @@ def _plan_moves(dp: Datapath, cfg: cfgmod.Config, by_dev: dict) -> tuple[dict, d
     None}, for the indices whose owner is not the one they had. A peer is
     its overlay address (what the datapath binds its traffic to); a path,
     its peer, plane device and EV."""
-    peers_m, paths_m = dp.map("mrc_peers"), dp.map("mrc_paths")
+    peers_m, paths_m, admin_m = dp.map("mrc_peers"), dp.map("mrc_paths"), dp.map("mrc_admin")
     old_peer: dict[str, int] = {}
     old_paths: dict[int, dict[tuple[int, int], int]] = {}
     for i in range(wire.MRC_MAX_PEERS):
@@ -107,8 +107,13 @@ def _plan_moves(dp: Datapath, cfg: cfgmod.Config, by_dev: dict) -> tuple[dict, d
         old_peer.setdefault(ent.overlay, i)
         old_paths[i] = {}
         for pid in range(min(ent.n_paths, wire.MRC_MAX_PATHS)):
-            p = wire.Path.unpack(paths_m.lookup(wire.path_key(i, pid)))
+            key = wire.path_key(i, pid)
+            p = wire.Path.unpack(paths_m.lookup(key))
             old_paths[i][(p.ifindex, p.ev)] = pid
+            if p.rsvd == wire.PathState.DENIED:
+                # maps of a datapath that kept the denial in mrc_path
+                # (now rsvd): it moves to mrc_admin once, then as any other
+                admin_m.update(key, wire.u32(wire.PathState.DENIED))
     peer_moves, path_moves = {}, {}
     for peer in cfg.peers:
         j = old_peer.get(str(peer.overlay))
