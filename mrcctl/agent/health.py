@@ -203,6 +203,7 @@ class Health:
         self.cfg = agent.cfg
         self.dp = agent.dp
         self.log = EventLog(events_path(agent.inst))
+        self.dp.ctl()      # loaded now: a missing object fails the start, not a link-down
         self.prober = Prober(agent)
         self.dirty = True
         self.admin_seen: list | None = None

@@ -70,13 +70,18 @@ class Datapath:
     def usable(self, peer: int, path_id: int) -> bool:
         return abi.path_usable(*self.path(peer, path_id))
 
+    def ctl(self) -> Program:
+        """The mrc_ctl program on this instance's maps, loaded on first use."""
+        from .objects import MAP_NAMES, load_ctl
+        if self._ctl is None:
+            self._ctl = load_ctl({n: self.map(n) for n in MAP_NAMES if n in self.state.get("map_ids", {})})
+        return self._ctl
+
     def retire(self, peer: int, path_id: int) -> bool:
         """Ask the datapath to move a GOOD path to ASSUMED_BAD (the agent's
         retirements: bpf/ctl.bpf.c); True if this call made the change."""
-        from .objects import MAP_NAMES, ctl_retire, load_ctl
-        if self._ctl is None:
-            self._ctl = load_ctl({n: self.map(n) for n in MAP_NAMES if n in self.state.get("map_ids", {})})
-        return ctl_retire(self._ctl, peer, path_id)
+        from .objects import ctl_retire
+        return ctl_retire(self.ctl(), peer, path_id)
 
     def close(self):
         for m in self._maps.values():
