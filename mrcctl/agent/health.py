@@ -203,7 +203,10 @@ class Health:
         self.cfg = agent.cfg
         self.dp = agent.dp
         self.log = EventLog(events_path(agent.inst))
-        self.dp.ctl()      # loaded now: a missing object fails the start, not a link-down
+        try:
+            self.dp.ctl()  # loaded now rather than at the first link-down
+        except Exception as e:  # noqa: BLE001 - the agent's other work goes on; retire() retries
+            log.error("mrc_ctl not loaded (%s): retirements by the agent wait for it", e)
         self.prober = Prober(agent)
         self.dirty = True
         self.admin_seen: list | None = None
@@ -224,6 +227,17 @@ class Health:
         if silent:
             self._retire_silent(silent)
 
+    def _retire(self, peer: int, path: int) -> bool:
+        """GOOD -> ASSUMED_BAD by the datapath (bpf/ctl.bpf.c). Without the
+        mrc_ctl program (an object that does not fit the running maps) the
+        path stays as it is: the transmit judge still retires a silent path
+        that carries traffic, and the agent never writes mrc_live itself."""
+        try:
+            return self.dp.retire(peer, path)
+        except Exception as e:  # noqa: BLE001
+            log.error("retiring path %d of peer %d: %s", path, peer, e)
+            return False
+
     def _retire_silent(self, silent: list[ProbePath]) -> None:
         by_peer: dict[int, list[ProbePath]] = {}
         for pp in silent:
@@ -236,7 +250,7 @@ class Health:
                     break   # never retire the last usable paths on probe silence alone
                 # the datapath's own compare-and-swap (bpf/ctl.bpf.c): false
                 # if the path is no longer GOOD, and then there is nothing to log
-                if not self.dp.retire(peer_idx, pp.path):
+                if not self._retire(peer_idx, pp.path):
                     continue
                 good -= 1
                 self.log.append(event_record(self.cfg, peer_idx, pp.path, wire.PathState.GOOD,
@@ -330,7 +344,7 @@ class Health:
         wrote to the live entry stays."""
         live_m = self.dp.map("mrc_live")
         for peer, path in self._plane_paths(dev):
-            if self.dp.retire(peer.index, path.id):
+            if self._retire(peer.index, path.id):
                 old, new = wire.PathState.GOOD, wire.PathState.ASSUMED_BAD
             else:
                 # the datapath got there first; still say why it stays so
