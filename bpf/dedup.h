@@ -69,4 +69,22 @@ static __always_inline bool dedup_seen(__u32 peer_idx, __u32 psn)
 	return false;
 }
 
+static long dedup_clear_cb(__u32 i, void *arg)
+{
+	struct mrc_dedup *d = bpf_map_lookup_elem(&mrc_dedup, arg);
+
+	if (!d || i >= MRC_DEDUP_WORDS)
+		return 1;
+	d->w[i] = 0;
+	return 0;
+}
+
+/* The peer restarted (bpf/epoch.h): its new PSNs are no duplicates of the
+ * old ones. bpf_loop (its context must be on the stack, hence the lookup
+ * per word): the verifier checks the body once. */
+static __always_inline void dedup_restart(__u32 peer_idx)
+{
+	bpf_loop(MRC_DEDUP_WORDS, dedup_clear_cb, &peer_idx, 0);
+}
+
 #endif /* MRC_DEDUP_H */

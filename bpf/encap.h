@@ -33,6 +33,7 @@ struct mrc_unit {
 	__u16	segs;
 	__u16	seg_size;
 	__u16	fb_path;
+	__u16	epoch;
 	__u8	flags;
 	__u8	tos;		/* inner DSCP and ECN, copied to the outer header */
 };
@@ -133,7 +134,7 @@ static __always_inline void write_mrc(struct mrc_hdr *mh, __u8 type,
 	mh->seg_size = bpf_htons(u->seg_size);
 	mh->seq0 = bpf_htonl(u->seq0);
 	mh->fb_path = bpf_htons(u->fb_path);
-	mh->fb_rsvd = 0;
+	mh->epoch = bpf_htons(u->epoch);
 	mh->fb_ts = bpf_htonl(u->fb_ts);
 }
 

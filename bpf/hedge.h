@@ -38,7 +38,7 @@ static __always_inline int hedge_partner(const struct mrc_config *cfg,
 		idx = path_idx(peer_idx, q);
 		p = bpf_map_lookup_elem(&mrc_paths, &idx);
 		l = bpf_map_lookup_elem(&mrc_live, &idx);
-		if (!p || !l || !path_usable(p, l))
+		if (!p || !l || !path_usable(p, l, idx))
 			continue;
 		if (p->family != sus->family || p->plane == sus->plane)
 			continue;

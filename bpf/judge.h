@@ -7,9 +7,9 @@
  * Who writes a path's state: the datapath moves GOOD <-> ASSUMED_BAD with
  * compare-and-swap on mrc_path_live.state (this judge on missing evidence,
  * evidence.h on probe replies), so two CPUs never both report one
- * transition; the agent also forces ASSUMED_BAD when a plane's link goes
- * down or its probes go unanswered (a second writer, issue #13). DENIED
- * lives in mrc_path.admin and only the operator sets it.
+ * transition; the agent's retirements (a plane's link down, probes
+ * unanswered) go through the same CAS in the mrc_ctl program. DENIED
+ * lives in mrc_admin and only the operator sets it.
  *
  * live->unacked_ns is the send time of the oldest unit not yet covered by
  * evidence (last_ack_ns is dated by the *send* time of the newest packet
@@ -199,7 +199,7 @@ judge_path(const struct mrc_config *cfg, const struct mrc_peer *peer,
 		return NULL;
 	path = bpf_map_lookup_elem(&mrc_paths, &idx);
 	live = bpf_map_lookup_elem(&mrc_live, &idx);
-	if (!path || !live || !path_allowed(path))
+	if (!path || !live || !path_allowed(path, idx))
 		return NULL;
 	*verdict = health_judge(cfg, peer, peer_idx, pid, live, now);
 	return *verdict >= 0 ? path : NULL;
@@ -237,7 +237,7 @@ static long judge_fb_cb(__u32 i, void *arg)
 	if (c->any < 0) {
 		idx = MRC_PATH_IDX(c->peer, pid);
 		p = bpf_map_lookup_elem(&mrc_paths, &idx);
-		if (p && path_allowed(p))
+		if (p && path_allowed(p, idx))
 			c->any = pid;
 	}
 	return 0;

@@ -20,6 +20,7 @@
  *   mrc_peer_seq    peer.h
  *   mrc_paths       path.h
  *   mrc_live        path.h
+ *   mrc_admin       path.h
  *   mrc_drops       stats.h
  *   mrc_path_stats  stats.h
  *   mrc_hstats      stats.h
@@ -31,6 +32,7 @@
  *   mrc_dedup       dedup.h
  *   mrc_rx_win      reorder.h
  *   mrc_reorder     reorder.h
+ *   mrc_rx_epoch    epoch.h
  *   mrc_probe_nonce probe.h
  */
 #ifndef MRC_MAPS_H
@@ -46,6 +48,7 @@
 #include "evidence.h"
 #include "dedup.h"
 #include "reorder.h"
+#include "epoch.h"
 #include "probe.h"
 
 #endif /* MRC_MAPS_H */

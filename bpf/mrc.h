@@ -9,8 +9,10 @@
  *
  * Every map value field names its writer(s): "agent" is mrcctl (the loader at
  * `up`, the agent's tasks, operator commands), mrc_tx / mrc_rx the programs,
- * with the header that holds the write. A field with more than one writer
- * says so; giving each field one writer is issue #13. The maps themselves
+ * with the header that holds the write. A field has one writer, or writers
+ * that hand it over by compare-and-swap (mrc_live.state) or in turn (the
+ * loader at `up`, which stops the agent first, then the agent); the one
+ * exception left is mrc_peers, said there. The maps themselves
  * are defined in the header of the concern that owns them (maps.h lists
  * them).
  */
@@ -60,7 +62,10 @@ struct mrc_hdr {
 	__be16	seg_size;	/* inner payload bytes per segment (gso_size) or 0 */
 	__be32	seq0;		/* inner TCP sequence number of the first segment */
 	__be16	fb_path;	/* feedback: a path of the receiver's that delivered */
-	__be16	fb_rsvd;
+	__be16	epoch;		/* the sender's epoch (mrc_config.epoch, new at
+				 * every `up`): a receiver seeing a new one
+				 * restarts its windows for the peer instead of
+				 * judging restarted PSNs as old (bpf/epoch.h) */
 	__be32	fb_ts;		/* feedback: that packet's tx_ts, echoed */
 } __attribute__((packed));
 
@@ -113,6 +118,8 @@ struct mrc_config {
 	/* path health (bpf/judge.h, bpf/hedge.h, bpf/evidence.h) */
 	__u32	hedge_after_us;	/* evidence this late: path suspect, hedge */
 	__u32	recover_probes;	/* consecutive probe replies to recover */
+	__u32	epoch;		/* 1..0xffff, random and new at every `up`,
+				 * sent in every header (mrc_hdr.epoch) */
 };
 #define MRC_CFG_LIVENESS	0x01	/* judge path liveness in the datapath */
 #define MRC_CFG_HEDGE		0x02	/* hedged (duplicate) sending on suspect paths */
@@ -120,7 +127,10 @@ struct mrc_config {
 
 /* mrc_peers: ARRAY[MRC_MAX_PEERS]. n_paths == 0 marks a free entry. Every
  * field: agent; its writers rewrite the whole entry (loader at `up`, slot
- * table flips, `mrcctl spray`, the adaptive flowlet gap) and re-check. */
+ * table flips, `mrcctl spray`, the adaptive flowlet gap). The one entry
+ * with two live writers: `mrcctl spray` against the agent's flips and gap,
+ * which it outlasts by verifying and repeating its write (admin.set_spray);
+ * a lost flip costs the agent one rebuild. */
 struct mrc_peer {
 	__u32	n_paths;	/* writer: agent (loader) */
 	__u32	table;		/* which of the two slot tables is live (0/1);
@@ -154,8 +164,9 @@ struct mrc_slots {
 };
 
 /* mrc_paths: ARRAY[MRC_MAX_PEERS * MRC_MAX_PATHS], written by the control
- * plane only. Its writers rewrite the whole entry (read-modify-write), so
- * one can undo another's field (issue #13). */
+ * plane only, one writer at a time: the loader at `up` writes every field
+ * while no agent runs (up stops it first), then the agent's tasks (one
+ * thread) rewrite whole entries for their own field. */
 struct mrc_path {
 	__u32	ifindex;	/* plane device; writer: agent (loader) */
 	__u16	ev;		/* outer UDP source port, host order; writer:
@@ -163,21 +174,32 @@ struct mrc_path {
 	__u8	family;		/* 4 or 6; writer: agent (loader) */
 	__u8	plane;		/* plane index; writer: agent (loader) */
 	__u8	smac[6];	/* writer: agent (loader) */
-	__u8	dmac[6];	/* writers: agent (loader, neighbours task) */
+	__u8	dmac[6];	/* writer: agent (loader, then the neighbours
+				 * task) */
 	__be32	saddr[4];	/* IPv4 uses [0]; writer: agent (loader) */
 	__be32	daddr[4];	/* writer: agent (loader) */
-	__u32	weight;		/* writers: agent (loader, adaptive weights) */
-	__u32	admin;		/* MRC_PATH_DENIED when the operator denied it;
-				 * writers: operator (`mrcctl path deny/allow`),
-				 * agent (loader keeps it across `up`) */
+	__u32	weight;		/* writer: agent (loader, then adaptive
+				 * weights) */
+	__u32	rsvd;		/* was the operator's admin state, now in
+				 * mrc_admin: a field of another writer */
 };
 
 /*
+ * mrc_admin: ARRAY[MRC_MAX_PEERS * MRC_MAX_PATHS] of __u32: MRC_PATH_DENIED
+ * when the operator denied the path, else MRC_PATH_GOOD. Apart from
+ * mrc_paths so that no other writer's whole-entry rewrite can undo a deny.
+ * Writer: operator (mrcctl under the instance lock: `path deny/allow`, and
+ * `up`, which carries each entry to the index its peer has now).
+ */
+
+/*
  * mrc_live: ARRAY[MRC_MAX_PEERS * MRC_MAX_PATHS], written by the datapath,
- * shared by all CPUs. The agent also writes whole entries: a fresh one at
- * `up` (loader, last_ack_ns = now) and state/bad_ns/probe_ok when a plane
- * goes down or probes go unanswered (health task), overwriting what the
- * datapath wrote meanwhile (issue #13).
+ * shared by all CPUs. The agent never writes it: a retirement it decides
+ * (link down, probe loss) is a request the mrc_ctl program carries out
+ * with the same compare-and-swap as the programs (bpf/ctl.bpf.c). The
+ * loader at `up` writes a fresh entry only for an index whose path is new
+ * (no peer's path had that identity before), and moves a path's entry to
+ * the index its peer has now.
  */
 struct mrc_path_live {
 	__u64	last_ack_ns;	/* sender: newest evidence that this path delivers,
@@ -189,10 +211,12 @@ struct mrc_path_live {
 				 * path; writer: mrc_rx (feedback.h) */
 	__u32	last_rx_ts;	/* receiver: that packet's tx_ts, to echo back;
 				 * writer: mrc_rx (feedback.h) */
-	__u32	state;		/* enum mrc_path_state; writers (CAS between
-				 * the programs): mrc_tx (judge.h, GOOD ->
-				 * ASSUMED_BAD), mrc_rx (evidence.h, back to
-				 * GOOD), agent (health: link down, probe loss) */
+	__u32	state;		/* enum mrc_path_state; writers, one transition
+				 * each, by compare-and-swap: mrc_tx (judge.h,
+				 * GOOD -> ASSUMED_BAD), mrc_ctl (ctl.bpf.c,
+				 * GOOD -> ASSUMED_BAD for the agent: link down,
+				 * probe loss), mrc_rx (evidence.h, back to
+				 * GOOD) */
 	__u32	srtt_us;	/* smoothed RTT from echoes and probes; writer:
 				 * mrc_rx (evidence.h) */
 	__u32	rtt_us;		/* last RTT sample; writer: mrc_rx (evidence.h) */
@@ -202,15 +226,17 @@ struct mrc_path_live {
 				 * nothing outstanding; writers: mrc_tx
 				 * (judge.h), mrc_rx (evidence.h: 0 on
 				 * recovery) */
-	__u64	bad_ns;		/* when it last left GOOD; writers: mrc_tx
-				 * (judge.h), agent (health) */
+	__u64	bad_ns;		/* when it last left GOOD; writer: whichever
+				 * program won the CAS on state to ASSUMED_BAD
+				 * (judge.h, ctl.bpf.c: one per transition) */
 	__u64	good_ns;	/* when it last returned to GOOD; writer:
 				 * mrc_rx (evidence.h) */
 	__u32	probe_seq;	/* sequence number of the newest probe reply;
 				 * writer: mrc_rx (evidence.h) */
 	__u32	probe_ok;	/* consecutive probe replies while ASSUMED_BAD;
-				 * writers: mrc_rx (evidence.h), mrc_tx
-				 * (judge.h: 0 on retirement), agent (health) */
+				 * writers: mrc_rx (evidence.h), and 0 by the
+				 * winner of the CAS to ASSUMED_BAD (judge.h,
+				 * ctl.bpf.c), which mrc_rx counts from */
 	__u32	flaps;		/* quick GOOD -> BAD relapses (damping level);
 				 * writer: mrc_tx (judge.h) */
 	__u32	fb_echoed;	/* receiver: last_rx_ts value already echoed;
@@ -305,7 +331,8 @@ struct mrc_reorder {
 	__u64	dup;		/* PSN already received (within the window) */
 	__u64	lost;		/* PSNs that left the window unreceived */
 	__u64	late;		/* arrived after leaving the window */
-	__u64	resync;		/* sender restarts (PSN jumped by > 2^24) */
+	__u64	resync;		/* sender restarts: a new epoch after another,
+				 * or the PSN jumped by > 2^24 */
 	__u64	unmarked;	/* received while another CPU held the top: not
 				 * marked, so counted in lost when the window
 				 * passes them (bpf/reorder.h) */
@@ -465,6 +492,38 @@ struct mrc_hstats {
 				 * (events.h), per CPU */
 	__u64	retx_steered;	/* TCP retransmissions sent on the freshest
 				 * path; writer: mrc_tx (tx.bpf.c) */
+};
+
+/*
+ * mrc_rx_epoch: ARRAY[MRC_MAX_PEERS], receiver: the epoch the peer sends
+ * now and the one before it, each stored as epoch | MRC_EPOCH_SEEN (0: none
+ * yet). A DATA frame of a third epoch restarts the peer's reorder window
+ * and duplicate filter; one of the previous epoch (in flight across the
+ * peer's restart) is delivered without touching them (bpf/epoch.h).
+ * Writer: mrc_rx (epoch.h); the loader at `up` moves an entry with its peer.
+ */
+#define MRC_EPOCH_SEEN		0x10000
+struct mrc_rx_epoch {
+	__u32	cur;
+	__u32	prev;
+};
+
+/*
+ * mrc_ctl requests: the agent's changes to datapath-owned state, carried
+ * out by the mrc_ctl program (bpf/ctl.bpf.c, run by BPF_PROG_TEST_RUN on a
+ * frame that starts with this struct) so that every write to mrc_live is a
+ * program's, atomic against the others. XDP_PASS: done; XDP_DROP: nothing
+ * to do (another writer got there first); XDP_ABORTED: bad request.
+ */
+enum mrc_ctl_op {
+	MRC_CTL_RETIRE		= 1,	/* GOOD -> ASSUMED_BAD */
+};
+
+struct mrc_ctl_req {
+	__u32	op;		/* enum mrc_ctl_op */
+	__u32	peer;
+	__u32	path;
+	__u32	rsvd;
 };
 
 #endif /* MRC_H */

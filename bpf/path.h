@@ -32,6 +32,15 @@ struct {
 	__type(value, struct mrc_path_live);
 } mrc_live SEC(".maps");
 
+/* The operator's admin state per path (struct mrc_path's neighbour: see
+ * mrc_admin in mrc.h for why it is a map of its own). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MRC_N_PATH_ENTRIES);
+	__type(key, __u32);
+	__type(value, __u32);
+} mrc_admin SEC(".maps");
+
 /* Map index of path `pid` of peer `peer_idx`, clamped so that a value read
  * from a map can index another map (the verifier wants the bound). */
 static __always_inline __u32 path_idx(__u32 peer_idx, __u32 pid)
@@ -66,20 +75,22 @@ static __always_inline struct mrc_path_live *path_live(__u32 peer, __u32 path)
 
 /* Configured (a plane device, a family the encapsulation knows) and not
  * denied by the operator: the path may carry units if nothing better is
- * left (the fallback of judge.h). */
-static __always_inline bool path_allowed(const struct mrc_path *p)
+ * left (the fallback of judge.h). idx: the path's MRC_PATH_IDX. */
+static __always_inline bool path_allowed(const struct mrc_path *p, __u32 idx)
 {
+	__u32 *admin = bpf_map_lookup_elem(&mrc_admin, &idx);
+
 	return p->ifindex && (p->family == 4 || p->family == 6) &&
-	       p->admin != MRC_PATH_DENIED;
+	       !(admin && *admin == MRC_PATH_DENIED);
 }
 
 /* Allowed and GOOD: the predicate the slot walk, the ev_min_active count,
  * the fallback and the hedge partner search all ask. The transmit judge
  * (judge.h) may still find a GOOD path overdue and retire it. */
 static __always_inline bool path_usable(const struct mrc_path *p,
-					const struct mrc_path_live *l)
+					const struct mrc_path_live *l, __u32 idx)
 {
-	return path_allowed(p) && l->state == MRC_PATH_GOOD;
+	return path_allowed(p, idx) && l->state == MRC_PATH_GOOD;
 }
 
 /* path_usable() by index. */
@@ -89,7 +100,7 @@ static __always_inline bool path_usable_at(__u32 peer_idx, __u32 pid)
 	struct mrc_path *p = bpf_map_lookup_elem(&mrc_paths, &idx);
 	struct mrc_path_live *l = bpf_map_lookup_elem(&mrc_live, &idx);
 
-	return p && l && path_usable(p, l);
+	return p && l && path_usable(p, l, idx);
 }
 
 /* An all-zero destination MAC means "resolve through the neighbour table"

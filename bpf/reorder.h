@@ -221,4 +221,18 @@ static __always_inline int reorder_account(__u32 peer_idx, __u32 psn,
 	return RO_NEW;
 }
 
+/* The peer restarted (a new epoch, bpf/epoch.h): the next PSN starts a
+ * fresh window, as the first one ever did; counted as a resync if the peer
+ * had sent before. */
+static __always_inline void reorder_restart(__u32 peer_idx, bool counted)
+{
+	struct mrc_rx_win *w = bpf_map_lookup_elem(&mrc_rx_win, &peer_idx);
+	struct mrc_reorder *ro = bpf_map_lookup_elem(&mrc_reorder, &peer_idx);
+
+	if (w)
+		__sync_lock_test_and_set(&w->started, 0);
+	if (ro && counted)
+		ro->resync += 1;
+}
+
 #endif /* MRC_REORDER_H */

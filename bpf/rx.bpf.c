@@ -26,6 +26,7 @@
 #include "evidence.h"
 #include "reorder.h"
 #include "dedup.h"
+#include "epoch.h"
 #include "ecn.h"
 
 /* A probe reply: an RTT sample and maybe a recovery for our path. */
@@ -85,7 +86,7 @@ static __always_inline __u32 rx_process(void *data, void *data_end, __u32 ifinde
 	__u32 peer_idx, path_id, plane, type, psn, v, now_us = 0;
 	int ecn;
 	__u64 now = 0;
-	bool receipt;
+	bool receipt, fresh;
 
 	cfg = cfg_get();
 	if (!cfg)
@@ -142,8 +143,11 @@ static __always_inline __u32 rx_process(void *data, void *data_end, __u32 ifinde
 	if (receipt)
 		now_us = (__u32)(now / 1000);
 
-	/* Reordering hints, duplicates and loss, per wire packet. */
-	reorder_account(peer_idx, psn, st, peer_seq(peer_idx));
+	/* Reordering hints, duplicates and loss, per wire packet, within
+	 * the sender's current epoch only (bpf/epoch.h). */
+	fresh = epoch_current(peer_idx, bpf_ntohs(mh->epoch));
+	if (fresh)
+		reorder_account(peer_idx, psn, st, peer_seq(peer_idx));
 
 	/* Feedback: the peer tells us one of OUR paths delivered a packet
 	 * we sent at fb_ts. */
@@ -153,7 +157,7 @@ static __always_inline __u32 rx_process(void *data, void *data_end, __u32 ifinde
 
 	/* The second copy of a hedged unit's packet goes no further; it
 	 * still counted as evidence above. */
-	if ((mh->flags & MRC_F_HEDGE) && dedup_seen(peer_idx, psn))
+	if (fresh && (mh->flags & MRC_F_HEDGE) && dedup_seen(peer_idx, psn))
 		return RX_V(RX_DROP, MRC_R_RX_DUPLICATE);
 
 	/* ECN: the fabric's CE reaches the inner packet (bpf/ecn.h). */

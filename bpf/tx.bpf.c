@@ -176,6 +176,7 @@ static __always_inline __u32 tx_process(struct __sk_buff *skb, struct tx_out *ou
 			u.segs = 1;
 	}
 	u.tx_ts = (__u32)(now / 1000);
+	u.epoch = (__u16)cfg->epoch;
 
 	/* 4. Feedback for the peer (feedback.h), and hedging: a unit on a
 	 * suspect path (or every unit, in duplicate-send mode) also goes

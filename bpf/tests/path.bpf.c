@@ -25,7 +25,8 @@ int test_path(struct xdp_md *ctx)
 	l = path_live(0, pid);
 	if (!p || !l)
 		return 0xff;
-	return path_allowed(p) | path_usable(p, l) << 1 |
+	return path_allowed(p, path_idx(0, pid)) |
+	       path_usable(p, l, path_idx(0, pid)) << 1 |
 	       path_usable_at(0, pid & (MRC_MAX_PATHS - 1)) << 3 |
 	       path_via_neigh(p) << 2;
 }

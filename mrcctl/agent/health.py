@@ -305,8 +305,13 @@ class Health:
         self.cfg = agent.cfg
         self.dp = agent.dp
         self.log = EventLog(events_path(agent.inst))
+        try:
+            self.dp.ctl()  # loaded now rather than at the first link-down
+        except Exception as e:  # noqa: BLE001 - the agent's other work goes on; retire() retries
+            log.error("mrc_ctl not loaded (%s): retirements by the agent wait for it", e)
         self.prober = Prober(agent)
         self.dirty = True
+        self.admin_seen: list | None = None
         self.events = 0
         self.plane_index = {p.device: p.index for p in self.cfg.planes}
         # monotonic ns -> wall clock, for ring buffer timestamps
@@ -324,9 +329,18 @@ class Health:
         if silent:
             self._retire_silent(silent)
 
+    def _retire(self, peer: int, path: int) -> bool:
+        """GOOD -> ASSUMED_BAD by the datapath (bpf/ctl.bpf.c). Without the
+        mrc_ctl program (an object that does not fit the running maps) the
+        path stays as it is: the transmit judge still retires a silent path
+        that carries traffic, and the agent never writes mrc_live itself."""
+        try:
+            return self.dp.retire(peer, path)
+        except Exception as e:  # noqa: BLE001
+            log.error("retiring path %d of peer %d: %s", path, peer, e)
+            return False
+
     def _retire_silent(self, silent: list[ProbePath]) -> None:
-        live_m = self.dp.map("mrc_live")
-        now = time.monotonic_ns()
         by_peer: dict[int, list[ProbePath]] = {}
         for pp in silent:
             by_peer.setdefault(pp.peer, []).append(pp)
@@ -336,11 +350,10 @@ class Health:
             for pp in pps:
                 if good - 1 < max(peer.min_active, 1):
                     break   # never retire the last usable paths on probe silence alone
-                lv = wire.PathLive.unpack(live_m.lookup(pp.key))
-                if lv.state != wire.PathState.GOOD:
+                # the datapath's own compare-and-swap (bpf/ctl.bpf.c): false
+                # if the path is no longer GOOD, and then there is nothing to log
+                if not self._retire(peer_idx, pp.path):
                     continue
-                lv.state, lv.bad_ns, lv.probe_ok = wire.PathState.ASSUMED_BAD, now, 0
-                live_m.update(pp.key, lv.pack())
                 good -= 1
                 self.log.append(event_record(self.cfg, peer_idx, pp.path, wire.PathState.GOOD,
                                              wire.PathState.ASSUMED_BAD, PROBE_LOSS_REASON, "agent"))
@@ -365,6 +378,13 @@ class Health:
         self.dirty = True
 
     def _slots(self, _now: float) -> None:
+        # The operator's deny/allow changes mrc_admin only; the slot tables
+        # (whose one writer is this agent) follow here.
+        admin_m = self.dp.map("mrc_admin")
+        admin = [admin_m.lookup(wire.path_key(peer.index, path.id))
+                 for peer in self.cfg.peers for path in peer.paths]
+        if admin != self.admin_seen:
+            self.admin_seen, self.dirty = admin, True
         if self.dirty:
             self.dirty = False
             rebuild_slots(self.dp, self.cfg)
@@ -421,25 +441,18 @@ class Health:
                     yield peer, path
 
     def _force_bad(self, dev: str) -> None:
-        """A plane went down: its paths go ASSUMED_BAD now. The agent writes
-        the whole live entry; what the datapath wrote in between (an RTT
-        sample) is lost, which costs nothing."""
+        """A plane went down: its paths go ASSUMED_BAD now, by the
+        datapath's compare-and-swap (bpf/ctl.bpf.c): what the programs
+        wrote to the live entry stays."""
         live_m = self.dp.map("mrc_live")
-        now = time.monotonic_ns()
         for peer, path in self._plane_paths(dev):
-            key = wire.path_key(peer.index, path.id)
-            lv = wire.PathLive.unpack(live_m.lookup(key))
-            if lv.state == wire.PathState.ASSUMED_BAD:
+            if self._retire(peer.index, path.id):
+                old, new = wire.PathState.GOOD, wire.PathState.ASSUMED_BAD
+            else:
                 # the datapath got there first; still say why it stays so
-                self.log.append(event_record(self.cfg, peer.index, path.id, lv.state, lv.state,
-                                             wire.EvReason.LINK_DOWN.label, "agent"))
-                self.events += 1
-                continue
-            old = lv.state
-            lv.state = wire.PathState.ASSUMED_BAD
-            lv.bad_ns, lv.probe_ok = now, 0
-            live_m.update(key, lv.pack())
-            self.log.append(event_record(self.cfg, peer.index, path.id, old, lv.state,
+                lv = wire.PathLive.unpack(live_m.lookup(wire.path_key(peer.index, path.id)))
+                old = new = lv.state
+            self.log.append(event_record(self.cfg, peer.index, path.id, old, new,
                                          wire.EvReason.LINK_DOWN.label, "agent"))
             self.events += 1
         self.dirty = True

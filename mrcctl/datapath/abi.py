@@ -57,6 +57,7 @@ MRC_PATH_ENTRIES = MRC_MAX_PEERS * MRC_MAX_PATHS
 MRC_PROBE_RING = 8            # outstanding probes per path whose nonces rx knows
 MRC_OWNER_LOCAL = 0xFFFFFFFF  # mrc_ovl_owner: a prefix served by this host
 MRC_OWNER_NONE = 0xFFFFFFFE   # ovl_owner(): no entry (never stored)
+MRC_EPOCH_SEEN = 0x10000      # mrc_rx_epoch: cur/prev hold epoch | this (0: none yet)
 
 
 def path_idx(peer: int, path: int) -> int:
@@ -157,6 +158,11 @@ class EvReason(_LabelEnum):
     MIN_ACTIVE = 7
 
 
+class CtlOp(_LabelEnum):
+    """enum mrc_ctl_op: what the agent asks the mrc_ctl program to do."""
+    RETIRE = 1
+
+
 class SprayMode(_LabelEnum):
     """enum mrc_spray."""
     WEIGHTED = 0
@@ -191,12 +197,14 @@ def c_constants() -> dict[str, int]:
         "MRC_OWNER_LOCAL": MRC_OWNER_LOCAL,
         "MRC_PROBE_RING": MRC_PROBE_RING,
         "MRC_OWNER_NONE": MRC_OWNER_NONE,
+        "MRC_EPOCH_SEEN": MRC_EPOCH_SEEN,
     }
     out.update({f"MRC_T_{m.name}": int(m) for m in MsgType})
     out.update({f"MRC_PATH_{m.name}": int(m) for m in PathState})
     out.update({f"MRC_R_{m.name}": int(m) for m in Reason})
     out.update({f"MRC_SPRAY_{m.name}": int(m) for m in SprayMode})
     out.update({f"MRC_EV_{m.name}": int(m) for m in EvReason})
+    out.update({f"MRC_CTL_{m.name}": int(m) for m in CtlOp})
     return out
 
 
@@ -358,6 +366,9 @@ def _struct(cls):
         if isinstance(value, list):
             value = field(default_factory=value.copy)
         setattr(cls, name, value)
+    for name, value in cls.__dict__.get("EXTRA", {}).items():
+        cls.__annotations__[name] = type(value).__name__
+        setattr(cls, name, value)
     return dataclass(cls)
 
 
@@ -369,7 +380,7 @@ class MrcHdr(_Struct):
     LAYOUT: ClassVar = (
         ("ver_type", "B"), ("flags", "B"), ("path_id", "H"), ("psn", "I"),
         ("tx_ts", "I"), ("segs", "H"), ("seg_size", "H"), ("seq0", "I"),
-        ("fb_path", "H"), ("fb_rsvd", "H"), ("fb_ts", "I"),
+        ("fb_path", "H"), ("epoch", "H"), ("fb_ts", "I"),
     )
     DEFAULTS = {"ver_type": MRC_VERSION << 4, "segs": 1}
 
@@ -385,11 +396,11 @@ class MrcHdr(_Struct):
 def encode_mrc_hdr(type: int = MsgType.DATA, *, version: int = MRC_VERSION,
                    flags: int = 0, path_id: int = 0, psn: int = 0, tx_ts: int = 0,
                    segs: int = 1, seg_size: int = 0, seq0: int = 0,
-                   fb_path: int = 0, fb_ts: int = 0, fb_rsvd: int = 0) -> bytes:
+                   fb_path: int = 0, fb_ts: int = 0, epoch: int = 0) -> bytes:
     return MrcHdr(ver_type=((version & 0xF) << 4) | (int(type) & 0xF), flags=flags,
                   path_id=path_id, psn=psn & 0xFFFFFFFF, tx_ts=tx_ts & 0xFFFFFFFF,
                   segs=segs, seg_size=seg_size, seq0=seq0 & 0xFFFFFFFF,
-                  fb_path=fb_path, fb_rsvd=fb_rsvd, fb_ts=fb_ts & 0xFFFFFFFF).pack()
+                  fb_path=fb_path, epoch=epoch, fb_ts=fb_ts & 0xFFFFFFFF).pack()
 
 
 def decode_mrc_hdr(b: bytes) -> MrcHdr:
@@ -402,7 +413,7 @@ class Config(_Struct):
     C_NAME: ClassVar[str] = "mrc_config"
     LAYOUT: ClassVar = (("udp_port", "I"), ("overlay_ifindex", "I"),
                         ("dead_after_us", "I"), ("flags", "I"),
-                        ("hedge_after_us", "I"), ("recover_probes", "I"))
+                        ("hedge_after_us", "I"), ("recover_probes", "I"), ("epoch", "I"))
     DEFAULTS = {"udp_port": MRC_DEFAULT_UDP_PORT}
 
 
@@ -460,15 +471,17 @@ class Path(_Struct):
     LAYOUT: ClassVar = (
         ("ifindex", "I"), ("ev", "H"), ("family", "B"), ("plane", "B"),
         ("smac", "6s"), ("dmac", "6s"), ("saddr", "16s"), ("daddr", "16s"),
-        ("weight", "I"), ("admin", "I"),
+        ("weight", "I"), ("rsvd", "I"),
     )
     DEFAULTS = {"family": 4,
                 "smac": "00:00:00:00:00:00",
                 "dmac": "00:00:00:00:00:00",
                 "saddr": "",
                 "daddr": "",
-                "weight": 1,
-                "admin": PathState.GOOD}
+                "weight": 1}
+    # Not part of the value: the path's mrc_admin entry, which has its own
+    # writer (the operator). Datapath.path() fills it; pack() leaves it out.
+    EXTRA = {"admin": PathState.GOOD}
 
     def _to_raw(self):
         v = super()._to_raw()
@@ -499,7 +512,7 @@ class PathLive(_Struct):
 
 def effective_state(path: Path, live: PathLive) -> int:
     """A path's state as the datapath sprays by it: the operator's DENIED
-    (mrc_path.admin) overrides the judgement in mrc_live."""
+    (mrc_admin, path.admin) overrides the judgement in mrc_live."""
     return PathState.DENIED if path.admin == PathState.DENIED else live.state
 
 
@@ -727,6 +740,24 @@ ALL_STRUCTS: tuple[type[_Struct], ...] = (
     RxWin, Reorder, FlowletKey, Flowlet, PathDelay, OvlKey, ProbeNonce)
 # path health (bpf/judge.h, bpf/evidence.h)
 ALL_STRUCTS += (Event, HealthStats, Dedup, TxFlows)
+
+
+@_struct
+class RxEpoch(_Struct):
+    """struct mrc_rx_epoch: the peer's current and previous epoch, each
+    | MRC_EPOCH_SEEN (0: none)."""
+    C_NAME: ClassVar[str] = "mrc_rx_epoch"
+    LAYOUT: ClassVar = (("cur", "I"), ("prev", "I"))
+
+
+@_struct
+class CtlReq(_Struct):
+    """struct mrc_ctl_req: the frame the agent runs mrc_ctl on."""
+    C_NAME: ClassVar[str] = "mrc_ctl_req"
+    LAYOUT: ClassVar = (("op", "I"), ("peer", "I"), ("path", "I"), ("rsvd", "I"))
+
+
+ALL_STRUCTS += (RxEpoch, CtlReq)
 
 
 def replace(obj, **changes):

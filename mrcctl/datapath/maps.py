@@ -31,6 +31,7 @@ class Datapath:
         self.inst = inst
         self.state = inst.read()
         self._maps: dict[str, Map] = {}
+        self._ctl: Program | None = None
 
     def exists(self) -> bool:
         return bool(self.state.get("map_ids"))
@@ -59,25 +60,49 @@ class Datapath:
         return Program.from_id(pid)
 
     def path(self, peer: int, path_id: int) -> tuple[abi.Path, abi.PathLive]:
-        """A path's entry (mrc_paths) and its liveness (mrc_live)."""
+        """A path's entry (mrc_paths, with .admin from mrc_admin) and its
+        liveness (mrc_live)."""
         key = abi.path_key(peer, path_id)
-        return (abi.Path.unpack(self.map("mrc_paths").lookup(key)),
-                abi.PathLive.unpack(self.map("mrc_live").lookup(key)))
+        p = abi.Path.unpack(self.map("mrc_paths").lookup(key))
+        p.admin = abi.unpack_u32(self.map("mrc_admin").lookup(key))
+        return p, abi.PathLive.unpack(self.map("mrc_live").lookup(key))
 
     def usable(self, peer: int, path_id: int) -> bool:
         return abi.path_usable(*self.path(peer, path_id))
 
     def usable_paths(self, peer: int, n_paths: int) -> list[bool]:
-        """usable() of the peer's paths 0..n_paths-1, read in two system calls."""
+        """usable() of the peer's paths 0..n_paths-1, read in three system calls."""
         first = abi.path_idx(peer, 0)
         ents = self.map("mrc_paths").lookup_range(first, n_paths)
+        admins = self.map("mrc_admin").lookup_range(first, n_paths)
         lives = self.map("mrc_live").lookup_range(first, n_paths)
-        return [abi.path_usable(abi.Path.unpack(e), abi.PathLive.unpack(lv)) for e, lv in zip(ents, lives)]
+        out = []
+        for e, a, lv in zip(ents, admins, lives):
+            p = abi.Path.unpack(e)
+            p.admin = abi.unpack_u32(a)
+            out.append(abi.path_usable(p, abi.PathLive.unpack(lv)))
+        return out
+
+    def ctl(self) -> Program:
+        """The mrc_ctl program on this instance's maps, loaded on first use."""
+        from .objects import MAP_NAMES, load_ctl
+        if self._ctl is None:
+            self._ctl = load_ctl({n: self.map(n) for n in MAP_NAMES if n in self.state.get("map_ids", {})})
+        return self._ctl
+
+    def retire(self, peer: int, path_id: int) -> bool:
+        """Ask the datapath to move a GOOD path to ASSUMED_BAD (the agent's
+        retirements: bpf/ctl.bpf.c); True if this call made the change."""
+        from .objects import ctl_retire
+        return ctl_retire(self.ctl(), peer, path_id)
 
     def close(self):
         for m in self._maps.values():
             m.close()
         self._maps.clear()
+        if self._ctl is not None:
+            self._ctl.close()
+            self._ctl = None
 
     def __enter__(self):
         return self

@@ -9,6 +9,7 @@ from contextlib import suppress
 from pathlib import Path
 
 from ..errors import MrcError, StepError
+from . import abi
 from .libbpf import BpfObject, LibbpfError, Map, Program
 
 TX_PROG = "mrc_tx"
@@ -17,7 +18,7 @@ MAP_NAMES = ("mrc_cfg", "mrc_peers", "mrc_slots", "mrc_paths", "mrc_live", "mrc_
              "mrc_path_stats", "mrc_drops", "mrc_peer_ip", "mrc_rx_peers", "mrc_events",
              "mrc_dedup", "mrc_hstats", "mrc_tx_flows",
              "mrc_rx_win", "mrc_reorder", "mrc_flowlets", "mrc_path_delay",
-             "mrc_ovl_owner", "mrc_probe_nonce")   # issue 4: bpf/reorder.h, bpf/spray.h
+             "mrc_ovl_owner", "mrc_probe_nonce", "mrc_admin", "mrc_rx_epoch")   # issue 4: bpf/reorder.h, bpf/spray.h
 
 
 def bpf_dir() -> Path:
@@ -97,6 +98,43 @@ def load_objects(reuse: dict[str, Map] | None = None) -> Loaded:
         finally:
             obj.close()
     return Loaded(shared, *progs)
+
+
+CTL_PROG = "mrc_ctl"
+
+
+def load_ctl(maps: dict[str, Map]) -> Program:
+    """Load the mrc_ctl program (bpf/ctl.bpf.c) onto running maps: how
+    the agent changes state the datapath owns without writing it itself.
+    Never attached: the caller's handle is the only one holding it."""
+    path = bpf_dir() / "ctl.bpf.o"
+    if not path.exists():
+        raise MrcError(f"BPF object {path} is missing: build it with `make -C {path.parent}`")
+    obj = BpfObject.open(str(path))
+    try:
+        for name, m in maps.items():
+            if obj.map_def(name) is not None:
+                obj.reuse_map(name, m.fd)
+        try:
+            obj.load()
+        except LibbpfError as e:
+            raise StepError(f"loading {path.name}", _load_error(e)) from None
+        return Program.from_id(obj.program(CTL_PROG).id)
+    finally:
+        obj.close()
+
+
+def ctl_retire(prog: Program, peer: int, path: int) -> bool:
+    """GOOD -> ASSUMED_BAD by the datapath's compare-and-swap; False if the
+    path was not GOOD (another writer got there first, or it is bad)."""
+    req = abi.CtlReq(op=abi.CtlOp.RETIRE, peer=peer, path=path).pack()
+    ret, _, _ = prog.test_run(req.ljust(64, b"\0"), out_size=128)
+    if ret not in (XDP_PASS, XDP_DROP):
+        raise MrcError(f"mrc_ctl refused retiring path {path} of peer {peer} (verdict {ret})")
+    return ret == XDP_PASS
+
+
+XDP_DROP, XDP_PASS = 1, 2
 
 
 def _load_error(e: LibbpfError) -> str:

@@ -10,7 +10,7 @@ from ..datapath.maps import Datapath
 from ..errors import MrcError
 from . import config as cfgmod
 from .events import EventLog, event_record, events_path
-from .slots import rebuild_slots
+from .lock import InstanceLock
 from .state import Instance
 
 
@@ -47,25 +47,38 @@ def parse_path_spec(cfg: cfgmod.Config, spec: str) -> tuple[cfgmod.Peer, list[cf
 
 def set_admin(cfg: cfgmod.Config, spec: str, deny: bool) -> list[dict]:
     """Deny or allow paths by hand; returns the events logged (one per
-    path whose admin state changed)."""
+    path whose admin state changed). Under the instance lock: `up`, the
+    other writer of mrc_admin, moves entries between indices."""
     peer, paths = parse_path_spec(cfg, spec)
     inst = Instance(cfg.overlay_device)
     out = []
-    with Datapath(inst) as dp:
+    with InstanceLock(inst), Datapath(inst) as dp:
         elog = EventLog(events_path(inst))
-        for path in paths:
-            ent, lv = dp.path(peer.index, path.id)
-            is_denied = ent.admin == wire.PathState.DENIED
-            if is_denied == deny:
-                continue
-            ent.admin = wire.PathState.DENIED if deny else wire.PathState.GOOD
-            dp.map("mrc_paths").update(wire.path_key(peer.index, path.id), ent.pack())
-            old, new = (lv.state, wire.PathState.DENIED) if deny else (wire.PathState.DENIED, lv.state)
+        for pid, old, new in write_admin(dp, peer, paths, deny):
             reason = (wire.EvReason.DENIED if deny else wire.EvReason.ALLOWED).label
-            rec = event_record(cfg, peer.index, path.id, old, new, reason, "operator")
+            rec = event_record(cfg, peer.index, pid, old, new, reason, "operator")
             elog.append(rec)
             out.append(rec)
-        rebuild_slots(dp, cfg)
+    # The slot tables follow within a second: the agent rebuilds them when
+    # mrc_admin changes (their one writer); meanwhile the datapath already
+    # skips a denied path (path_allowed()).
+    return out
+
+
+def write_admin(dp: Datapath, peer: cfgmod.Peer, paths: list[cfgmod.Path], deny: bool) -> list[tuple]:
+    """Write the operator's admin state of paths into mrc_admin, its own
+    map (no other writer's whole-entry rewrite can undo it); returns
+    (path id, old state, new state) of each path that changed."""
+    admin_m = dp.map("mrc_admin")
+    want = wire.PathState.DENIED if deny else wire.PathState.GOOD
+    out = []
+    for path in paths:
+        key = wire.path_key(peer.index, path.id)
+        if wire.unpack_u32(admin_m.lookup(key)) == want:
+            continue
+        admin_m.update(key, wire.u32(want))
+        _ent, lv = dp.path(peer.index, path.id)
+        out.append((path.id, lv.state, want) if deny else (path.id, wire.PathState.DENIED, lv.state))
     return out
 
 

@@ -3,6 +3,7 @@ running instance already knows about paths that did not change."""
 
 from __future__ import annotations
 
+import os
 import time
 
 from ..datapath import abi as wire
@@ -12,40 +13,42 @@ from .preflight import PlaneRuntime
 from .slots import set_slots
 
 
+# State the datapath keeps per path and per peer, by map index. An index
+# is only a slot: `up` may give a peer another one (the [[peer]] blocks
+# reordered) or give its old one to another peer, and this state must
+# follow the peer, never stay with the index (issue #13.3).
+PATH_STATE = ("mrc_live", "mrc_admin", "mrc_path_delay", "mrc_path_stats", "mrc_probe_nonce")
+PEER_STATE = ("mrc_peer_seq", "mrc_tx_flows", "mrc_rx_win", "mrc_dedup", "mrc_reorder", "mrc_rx_epoch")
+
+
 def fill_maps(dp: Datapath, cfg: cfgmod.Config, planes: list[PlaneRuntime], overlay_ifindex: int,
               macs: dict) -> None:
     by_dev = {p.plane.device: p for p in planes}
     flags = (wire.MRC_CFG_LIVENESS if cfg.health.liveness else 0) | \
         (wire.MRC_CFG_HEDGE if cfg.health.hedge else 0) | \
         (wire.MRC_CFG_HEDGE_ALL if cfg.health.hedge == "always" else 0)
+    old_cfg = dp.map("mrc_cfg").lookup(wire.u32(0))
     dp.map("mrc_cfg").update(wire.u32(0), wire.Config(
         udp_port=cfg.udp_port, overlay_ifindex=overlay_ifindex,
         dead_after_us=int(cfg.health.dead_after_ms * 1000), flags=flags,
         hedge_after_us=int(cfg.health.hedge_after * 1000),
-        recover_probes=cfg.health.recover_probes).pack())
+        recover_probes=cfg.health.recover_probes,
+        epoch=new_epoch(wire.Config.unpack(old_cfg).epoch if old_cfg else 0)).pack())
 
     paths_m, peers_m = dp.map("mrc_paths"), dp.map("mrc_peers")
-    live_m, peer_ip, rx_peers = dp.map("mrc_live"), dp.map("mrc_peer_ip"), dp.map("mrc_rx_peers")
+    peer_ip, rx_peers = dp.map("mrc_peer_ip"), dp.map("mrc_rx_peers")
+    moves = _plan_moves(dp, cfg, by_dev)
+    _move_state(dp, moves)
     wanted_rx = set()
     wanted_ip = set()
     for peer in cfg.peers:
         for path in peer.paths:
             rt = by_dev[path.plane.device]
-            idx = wire.path_idx(peer.index, path.id)
-            old = paths_m.lookup(wire.u32(idx))
-            old = wire.Path.unpack(old) if old else None
-            # An upgrade that changes EVs or planes renumbers paths: an id
-            # that now names another (plane, EV) starts afresh, it must not
-            # inherit the old path's denial or liveness.
-            same = old is not None and (old.ifindex, old.ev) == (rt.ifindex, path.ev)
-            admin = old.admin if same else wire.PathState.GOOD
-            paths_m.update(wire.u32(idx), wire.Path(
+            paths_m.update(wire.path_key(peer.index, path.id), wire.Path(
                 ifindex=rt.ifindex, ev=path.ev, family=path.family, plane=path.plane.index,
                 smac=rt.mac, dmac=macs.get((path.plane.device, str(path.remote))) or bytes(6),
                 saddr=str(rt.local[path.family]), daddr=str(path.remote),
-                weight=path.weight, admin=admin).pack())
-            if not same or not _path_known(dp, idx):
-                live_m.update(wire.u32(idx), wire.PathLive(last_ack_ns=time.monotonic_ns()).pack())
+                weight=path.weight).pack())
         for dev, addr in peer.underlay.items():
             rt = by_dev[dev]
             key = wire.RxKey(ifindex=rt.ifindex, family=addr.version, addr=str(addr)).pack()
@@ -55,7 +58,6 @@ def fill_maps(dp: Datapath, cfg: cfgmod.Config, planes: list[PlaneRuntime], over
         # switches n_paths and the live table in one write: spraying never
         # sees a slot naming a path that does not exist yet.
         table = set_slots(dp, peer, [p.weight for p in peer.paths], flip=False)
-        old = peers_m.lookup(wire.u32(peer.index))
         # flowlet_gap_us 0 = adaptive: the (re)started agent sets it
         gap = peer.flowlet_gap_us
         peers_m.update(wire.u32(peer.index), wire.Peer(
@@ -79,6 +81,88 @@ def fill_maps(dp: Datapath, cfg: cfgmod.Config, planes: list[PlaneRuntime], over
             peers_m.update(wire.u32(i), wire.Peer().pack())
 
 
+def new_epoch(old: int) -> int:
+    """The epoch this `up` sends (mrc_hdr.epoch): random, never 0 and never
+    the one before, so that every peer sees a change (bpf/epoch.h)."""
+    while True:
+        e = int.from_bytes(os.urandom(2), "big")
+        if e and e != old:
+            return e
+
+
+def _plan_moves(dp: Datapath, cfg: cfgmod.Config, by_dev: dict) -> tuple[dict, dict]:
+    """Where each index's state comes from: {new peer index: old peer index
+    or None (a peer new here)}, {new path map index: old path map index or
+    None}, for the indices whose owner is not the one they had. A peer is
+    its overlay address (what the datapath binds its traffic to); a path,
+    its peer, plane device and EV."""
+    peers_m, paths_m, admin_m = dp.map("mrc_peers"), dp.map("mrc_paths"), dp.map("mrc_admin")
+    old_peer: dict[str, int] = {}
+    old_paths: dict[int, dict[tuple[int, int], int]] = {}
+    for i in range(wire.MRC_MAX_PEERS):
+        raw = peers_m.lookup(wire.u32(i))
+        ent = wire.Peer.unpack(raw) if raw else None
+        if not ent or not ent.n_paths:
+            continue
+        old_peer.setdefault(ent.overlay, i)
+        old_paths[i] = {}
+        for pid in range(min(ent.n_paths, wire.MRC_MAX_PATHS)):
+            key = wire.path_key(i, pid)
+            p = wire.Path.unpack(paths_m.lookup(key))
+            old_paths[i][(p.ifindex, p.ev)] = pid
+            if p.rsvd == wire.PathState.DENIED:
+                # maps of a datapath that kept the denial in mrc_path
+                # (now rsvd): it moves to mrc_admin once, then as any other
+                admin_m.update(key, wire.u32(wire.PathState.DENIED))
+    peer_moves, path_moves = {}, {}
+    for peer in cfg.peers:
+        j = old_peer.get(str(peer.overlay))
+        if j != peer.index:
+            peer_moves[peer.index] = j
+        for path in peer.paths:
+            src = None
+            if j is not None:
+                pid = old_paths[j].get((by_dev[path.plane.device].ifindex, path.ev))
+                src = None if pid is None else wire.path_idx(j, pid)
+            dst = wire.path_idx(peer.index, path.id)
+            if src != dst:
+                path_moves[dst] = src
+    return peer_moves, path_moves
+
+
+def _move_state(dp: Datapath, moves: tuple[dict, dict]) -> None:
+    """Carry state to the indices its peers and paths have now; start
+    afresh where no owner continues. Everything is read before anything is
+    written: two peers may swap indices. The loader writes datapath-owned
+    maps here, once per `up` and only for indices that change hands (the
+    programs may write the same entries meanwhile; that traffic belongs to
+    the index's old owner, whose state is being moved or reset anyway)."""
+    peer_moves, path_moves = moves
+    plans = [(PEER_STATE, peer_moves, wire.u32), (PATH_STATE, path_moves, wire.u32)]
+    staged = []
+    for names, where, key in plans:
+        for name in names:
+            m = dp.map(name)
+            for dst, src in where.items():
+                value = m.lookup(key(src)) if src is not None else None
+                staged.append((m, key(dst), value if value is not None else _fresh(name, m)))
+    for m, k, value in staged:
+        m.update(k, value)
+    if peer_moves:
+        flowlets = dp.map("mrc_flowlets")
+        for k in flowlets.keys():
+            if wire.FlowletKey.unpack(k).peer in peer_moves:
+                flowlets.delete(k)
+
+
+def _fresh(name: str, m) -> bytes:
+    """A new path is known to work until the datapath learns otherwise;
+    everything else starts at zero."""
+    if name == "mrc_live":
+        return wire.PathLive(last_ack_ns=time.monotonic_ns()).pack()
+    return bytes(m.value_size)
+
+
 def _fill_owners(dp: Datapath, cfg: cfgmod.Config) -> None:
     """mrc_ovl_owner: which overlay prefixes each peer owns (the inner
     sources it may send) and which are served here (the inner destinations
@@ -93,9 +177,3 @@ def _fill_owners(dp: Datapath, cfg: cfgmod.Config) -> None:
     for key in owners.keys():
         if key not in wanted:
             owners.delete(key)
-
-
-def _path_known(dp: Datapath, idx: int) -> bool:
-    raw = dp.map("mrc_live").lookup(wire.u32(idx))
-    return raw is not None and wire.PathLive.unpack(raw).last_ack_ns != 0
-

@@ -54,6 +54,12 @@ def _up(cfg: cfgmod.Config, agent: bool = True) -> str:
         for pid in prior.get("prog_ids", {}).values():
             with suppress(OSError):
                 held.append(Program.from_id(pid))
+        # One writer at a time: the loader writes every field of mrc_paths
+        # and the slot tables, which the agent's tasks rewrite afterwards
+        # (bpf/mrc.h); the agent stops while the maps are filled and
+        # ensure() below starts it again.
+        had_agent = supervisor.alive(prior.get("agent_pid"))
+        supervisor.stop(prior)
         try:
             msg = _apply(cfg, inst, nl, planes, mtu, digest, prior)
             if agent:
@@ -65,7 +71,7 @@ def _up(cfg: cfgmod.Config, agent: bool = True) -> str:
                 with suppress(Exception):
                     down(cfg)
                 raise
-            undone = _rollback(inst, nl, prior)
+            undone = _rollback(inst, nl, prior, had_agent)
             if isinstance(e, MrcError):
                 raise MrcError(f"{e}; {undone}", e.exit_code) from None
             raise
@@ -85,7 +91,7 @@ def _keep_config(inst: Instance, cfg: cfgmod.Config) -> None:
             os.replace(tmp, inst.run_dir / "config.toml")
 
 
-def _rollback(inst: Instance, nl: topology.Netlink, prior: dict) -> str:
+def _rollback(inst: Instance, nl: topology.Netlink, prior: dict, agent: bool = False) -> str:
     """Put a running instance back the way `prior` describes after a failed
     re-up: its configuration (from the kept copy), its programs (by id), its
     planes, routes and sysctls. Returns what was done, for the error line."""
@@ -97,6 +103,8 @@ def _rollback(inst: Instance, nl: topology.Netlink, prior: dict) -> str:
         state.update(prog_ids=prior.get("prog_ids", {}), map_ids=prior.get("map_ids", {}),
                      objects_digest=prior.get("objects_digest"))
         _apply(old, inst, nl, planes, mtu, prior.get("objects_digest"), state)
+        if agent:
+            supervisor.ensure(old, inst, restart=False)
         return "rolled back to the running configuration"
     except Exception as e:  # noqa: BLE001 - report, the original error matters more
         inst.write({**inst.read(), "rollback_failed": str(e)})

@@ -83,7 +83,7 @@ def snapshot(cfg: cfgmod.Config, dp: Datapath | None = None, peers: set[str] | N
 
 def _snapshot(cfg: cfgmod.Config, dp: Datapath, only: set[str] | None = None) -> dict:
     now_ns = time.monotonic_ns()
-    stats_m, live_m, paths_m = dp.map("mrc_path_stats"), dp.map("mrc_live"), dp.map("mrc_paths")
+    stats_m = dp.map("mrc_path_stats")
     peers_m, seq_m = dp.map("mrc_peers"), dp.map("mrc_peer_seq")
     inst_state = dp.inst.read()
     peers = []
@@ -97,8 +97,7 @@ def _snapshot(cfg: cfgmod.Config, dp: Datapath, only: set[str] | None = None) ->
         for path in peer.paths:
             key = wire.path_key(peer.index, path.id)
             st = wire.PathStats.sum(stats_m.lookup_percpu(key))
-            live = wire.PathLive.unpack(live_m.lookup(key))
-            pent_path = wire.Path.unpack(paths_m.lookup(key))
+            pent_path, live = dp.path(peer.index, path.id)
             age_ms = (now_ns - live.last_ack_ns) / 1e6 if live.last_ack_ns else None
             paths.append({
                 "id": path.id,

@@ -384,7 +384,7 @@ def test_failed_re_up_rolls_back_to_the_running_configuration(tx_lab, tmp_path):
         # the running ones back
         newer = tmp_path / "newer-bpf"
         newer.mkdir()
-        for name in ("tx.bpf.o", "rx.bpf.o"):
+        for name in ("tx.bpf.o", "rx.bpf.o", "ctl.bpf.o"):
             (newer / name).write_bytes((REPO / "bpf" / name).read_bytes() + b"\0")   # another digest
         line = refused(lab, bad, "attaching XDP to lo", "Operation not supported", env={"MRC_BPF_DIR": str(newer)})
         assert line.endswith("; rolled back to the running configuration"), line

@@ -151,7 +151,7 @@ PATH_CASES = [
      ALLOWED | USABLE | USABLE_AT),
     ("no plane device: not configured", path_entry(ifindex=0), wire.PathState.GOOD, 0),
     ("a family the encapsulation does not know", path_entry(family=5), wire.PathState.GOOD, 0),
-    ("denied by the operator", path_entry(admin=wire.PathState.DENIED), wire.PathState.GOOD, 0),
+    ("denied by the operator (mrc_admin)", path_entry(), wire.PathState.DENIED, 0),
     ("ASSUMED_BAD: allowed (the fallback may use it), not usable", path_entry(),
      wire.PathState.ASSUMED_BAD, ALLOWED),
     ("zero destination MAC: resolved through the neighbour table",
@@ -165,7 +165,10 @@ def test_path_usable(helper, desc, entry, state, want):
     t = helper("path")
     pid = 5
     t.map("mrc_paths").update(wire.path_key(0, pid), entry)
-    t.map("mrc_live").update(wire.path_key(0, pid), wire.PathLive(state=state).pack())
+    denied = state == wire.PathState.DENIED    # DENIED lives in mrc_admin, never in mrc_live
+    t.map("mrc_admin").update(wire.path_key(0, pid), wire.u32(state if denied else wire.PathState.GOOD))
+    t.map("mrc_live").update(wire.path_key(0, pid),
+                             wire.PathLive(state=wire.PathState.GOOD if denied else state).pack())
     ret, _, _ = t.prog("test_path").test_run(struct.pack("=I", pid) + bytes(60))
     assert ret == want, desc
 

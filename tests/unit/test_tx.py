@@ -75,7 +75,7 @@ def test_encap_ipv4(dp):
     assert h.version == wire.MRC_VERSION and h.type == wire.MsgType.DATA
     assert h.flags == 0 and h.path_id == 0 and h.psn == 0
     assert h.segs == 1 and h.seg_size == 0 and h.seq0 == 0
-    assert h.fb_path == 0 and h.fb_rsvd == 0 and h.fb_ts == 0
+    assert h.fb_path == 0 and h.epoch == 0 and h.fb_ts == 0
     assert (h.tx_ts - t0) & 0xFFFFFFFF < 1_000_000
     # the inner IPv4 packet follows unchanged
     assert out[14 + wire.MRC_OVERHEAD_V4:] == inner[14:]

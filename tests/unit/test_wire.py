@@ -131,14 +131,14 @@ def test_names_come_from_the_mirror():
 def test_roundtrips():
     vals = [
         wire.MrcHdr(ver_type=0x12, flags=1, path_id=300, psn=2**32 - 1, tx_ts=5, segs=44,
-                    seg_size=1448, seq0=123, fb_path=7, fb_rsvd=0, fb_ts=9),
+                    seg_size=1448, seq0=123, fb_path=7, epoch=0xbeef, fb_ts=9),
         wire.Config(udp_port=4794, overlay_ifindex=5, dead_after_us=2000, flags=1),
         wire.Peer(n_paths=8, table=1, spray_mode=2, min_active=2, overlay="10.0.0.9",
                   ev_base=50000),
         wire.Slots.of([0, 1, 255, 3]),
         wire.Path(ifindex=9, ev=65535, family=6, plane=15, smac="02:aa:bb:cc:dd:ee",
                   dmac="02:11:22:33:44:55", saddr="2001:db8::1", daddr="2001:db8::2",
-                  weight=3, admin=2),
+                  weight=3),
         wire.Path(ifindex=9, ev=1, family=4, saddr="192.0.2.1", daddr="192.0.2.2"),
         wire.PathLive(last_ack_ns=2**63, last_rx_ns=1, last_rx_ts=2, state=1, srtt_us=3,
                       rtt_us=4),

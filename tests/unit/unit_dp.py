@@ -91,6 +91,7 @@ class Datapath:
     def set_paths(self, paths, peer: int = PEER):
         for i, p in enumerate(paths):
             self.maps["mrc_paths"].update(wire.path_key(peer, i), p.pack())
+            self.maps["mrc_admin"].update(wire.path_key(peer, i), wire.u32(p.admin))
 
     def set_slots(self, table, which: int = 0, peer: int = PEER):
         self.maps["mrc_slots"].update(wire.u32(wire.slots_idx(peer, which)),
