@@ -167,7 +167,22 @@ static __always_inline __u32 tx_process(struct __sk_buff *skb, struct tx_out *ou
 	u.seg_size = skb->gso_size;
 	u.tos = in.tos;	/* DSCP and ECN: RFC 6040 normal mode (bpf/ecn.h) */
 	if (!tcp) {
-		u.seg_size = 0;	/* receiver numbers TCP segments only */
+		/* A UDP GSO unit's datagrams carry no offset; GSO gives
+		 * segment i the inner IPv4 ID of the first plus i, so the
+		 * receiver numbers them by it (without a distinct PSN each,
+		 * hedged segments 2..n would be dropped as duplicates). */
+		if (!skb->gso_segs && u.seg_size && in.proto == IPPROTO_UDP) {
+			len = skb->len - ETH_HLEN - in.hdr_len - sizeof(struct udphdr);
+			u.segs = (len + u.seg_size - 1) / u.seg_size;
+			if (u.segs < 1)
+				u.segs = 1;
+		}
+		if (in.proto == IPPROTO_UDP)
+			inner_hdrs += sizeof(struct udphdr);	/* repeated per segment */
+		if (u.segs > 1) {
+			u.seq0 = bpf_ntohs(in.ip4->id);
+			u.flags |= MRC_F_IPID;
+		}
 	} else if (tcp_len > 0 && !skb->gso_segs && u.seg_size) {
 		/* gso_segs may be unset on packets the stack marked for
 		 * re-validation: derive it. */

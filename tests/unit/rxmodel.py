@@ -244,12 +244,18 @@ class RxModel:
 
 def data_psn_index(f: bytes, moff: int) -> int:
     """Segment index i the receiver adds to the header's PSN for this DATA
-    frame: (inner TCP seq - seq0) / seg_size when the unit has several
-    segments and the inner packet is TCP with its sequence number present,
-    and i < segs; else 0."""
+    frame, when the unit has several segments and i < segs (else 0): with
+    MRC_F_IPID, inner IPv4 ID - seq0 mod 2^16; otherwise (inner TCP seq -
+    seq0) / seg_size when the inner packet is TCP with its sequence number
+    present."""
     segs, seg_size = _u16(f, moff + 12), _u16(f, moff + 14)
     ioff = moff + MRC_HDR
-    if segs <= 1 or seg_size == 0 or f[ioff + 9] != IPPROTO_TCP:
+    if segs <= 1:
+        return 0
+    if f[moff + 1] & wire.MRC_F_IPID:
+        i = (_u16(f, ioff + 4) - _u32(f, moff + 16)) & 0xFFFF
+        return i if i < segs else 0
+    if seg_size == 0 or f[ioff + 9] != IPPROTO_TCP:
         return 0
     toff = ioff + (f[ioff] & 0x0F) * 4
     if toff + 8 > len(f):
