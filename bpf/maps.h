@@ -32,6 +32,7 @@
  *   mrc_rx_win      reorder.h
  *   mrc_reorder     reorder.h
  *   mrc_probe_nonce probe.h
+ *   mrc_probe_rl    probe.h
  */
 #ifndef MRC_MAPS_H
 #define MRC_MAPS_H

@@ -105,12 +105,10 @@ enum mrc_reason {
 	MRC_R_RX_WRONG_PLANE	= 20,	/* path id of another plane than the frame's */
 	MRC_R_RX_BAD_NONCE	= 21,	/* probe reply without an outstanding probe's nonce */
 	MRC_R_RX_ECN_NOT_ECT	= 22,	/* CE outside on a not-ECT inner packet (RFC 6040) */
-	MRC_R_RX_HEDGE_AHEAD	= 23,	/* not a drop: hedged copy too far ahead of the
-					 * window to mark in the duplicate filter */
+	MRC_R_RX_HEDGE_AHEAD	= 23,	/* not a drop: hedged, too far ahead to mark */
 	MRC_R_RX_PROBE_LIMITED	= 24,	/* probe over its peer's per-plane reply rate */
 	MRC_R_TX_VLAN		= 25,	/* VLAN-tagged frame on the overlay device */
-	MRC_R_TX_NESTED_GSO	= 26,	/* GSO unit already encapsulated (a tunnel over
-					 * the overlay): one offload level only */
+	MRC_R_TX_NESTED_GSO	= 26,	/* GSO unit of a tunnel over the overlay */
 	MRC_R_MAX		= 27,
 };
 

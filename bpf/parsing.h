@@ -55,8 +55,7 @@ struct ip6_frag {
 };
 
 /* Returns the ethertype in network order, or -1 when cut short. VLAN tags
- * are not walked: mrc never sends tagged frames, so a tagged frame is
- * someone else's and the caller passes it on untouched. */
+ * are not walked (parse_l2 walks a priority tag). */
 static __always_inline int parse_ethhdr(struct hdr_cursor *nh, void *data_end,
 					struct ethhdr **ethhdr)
 {
@@ -67,6 +66,37 @@ static __always_inline int parse_ethhdr(struct hdr_cursor *nh, void *data_end,
 	nh->pos = eth + 1;
 	*ethhdr = eth;
 	return eth->h_proto;
+}
+
+/* Policy for parse_l2(). */
+#define L2_F_PRIO_TAG	0x01	/* walk one 802.1Q tag with VID 0 */
+
+#define VLAN_VID_MASK	0x0fff
+
+struct vlan_tag {
+	__be16	tci;
+	__be16	proto;
+};
+
+/*
+ * Ethernet, and with L2_F_PRIO_TAG an 802.1Q priority tag (VID 0, only the
+ * PCP set: switches and NICs add them for 802.1p). The kernel treats such
+ * a frame as untagged on the device itself, so it is the plane's traffic
+ * and mrc's if it is MRC. Any other tag (a VID, 802.1ad, a second tag)
+ * is returned as the ethertype: it belongs to a VLAN device.
+ */
+static __always_inline int parse_l2(struct hdr_cursor *nh, void *data_end,
+				    struct ethhdr **ethhdr, __u32 flags)
+{
+	int proto = parse_ethhdr(nh, data_end, ethhdr);
+	struct vlan_tag *vt = nh->pos;
+
+	if ((flags & L2_F_PRIO_TAG) && proto == bpf_htons(ETH_P_8021Q) &&
+	    (void *)(vt + 1) <= data_end && !(vt->tci & bpf_htons(VLAN_VID_MASK))) {
+		nh->pos = vt + 1;
+		return vt->proto;
+	}
+	return proto;
 }
 
 /* Policy for parse_l3(). */

@@ -107,8 +107,11 @@ static __always_inline __u32 rx_process(void *data, void *data_end, __u32 ifinde
 
 	/* Probes are answered whatever their path_id: it names a path of the
 	 * prober's and is only echoed back. */
-	if (type == MRC_T_PROBE)
+	if (type == MRC_T_PROBE) {
+		if (!probe_allowed(peer_idx, plane, bpf_ktime_get_ns()))
+			return RX_V(RX_DROP, MRC_R_RX_PROBE_LIMITED);
 		return RX_V(RX_TURN_AROUND, MRC_R_RX_PROBE_REPLIED);
+	}
 	if (type != MRC_T_DATA && type != MRC_T_PROBE_REPLY)
 		return RX_V(RX_DROP, MRC_R_RX_BAD_TYPE);
 
@@ -189,8 +192,10 @@ static __always_inline int rx_exit(struct xdp_md *ctx, struct mrc_frame *f, __u3
 	int ret = XDP_PASS;
 
 	if (action == RX_DELIVER) {
-		if (decap_xdp(ctx, f->l3.hdr_len + sizeof(struct udphdr) +
-				   sizeof(struct mrc_hdr), l3_ethertype(&f->inner))) {
+		/* a priority tag goes with the outer headers */
+		if (decap_xdp(ctx, f->l2_len - ETH_HLEN + f->l3.hdr_len +
+				   sizeof(struct udphdr) + sizeof(struct mrc_hdr),
+			      l3_ethertype(&f->inner))) {
 			reason = MRC_R_RX_DECAP_FAIL;
 			ret = XDP_DROP;
 		}

@@ -77,17 +77,23 @@ static __always_inline __u32 tx_process(struct __sk_buff *skb, struct tx_out *ou
 	__u32 peer_idx, n_paths, n, start, i, inner_hdrs, len;
 	__u64 now, wire_bytes;
 	__u16 port;
-	int pidx, tcp_len = -1, verdict = H_UNUSABLE, hedge = -1;
+	int pidx, proto, err, tcp_len = -1, verdict = H_UNUSABLE, hedge = -1;
 	bool tcp, retx = false, steered = false;
 
 	tx_pull(skb);
 	data = (void *)(long)skb->data;
 	data_end = (void *)(long)skb->data_end;
 
-	/* 1. Inner Ethernet + IPv4, destination peer. */
+	/* 1. Inner Ethernet + IPv4, destination peer. The overlay carries
+	 * IPv4 and the receiver writes an untagged ethertype: a VLAN device
+	 * on the overlay (tag in the frame or, offloaded, in the skb) would
+	 * lose its tag on the way, so it is refused where it can be seen. */
 	nh.pos = data;
-	if (parse_l3(&nh, data_end, parse_ethhdr(&nh, data_end, &eth),
-		     L3_F_IPV4 | L3_F_WHOLE, &in) != L3_OK)
+	proto = parse_ethhdr(&nh, data_end, &eth);
+	if (proto == bpf_htons(ETH_P_8021Q) || proto == bpf_htons(ETH_P_8021AD) ||
+	    skb->vlan_present)
+		return MRC_R_TX_VLAN;
+	if (parse_l3(&nh, data_end, proto, L3_F_IPV4 | L3_F_WHOLE, &in) != L3_OK)
 		return MRC_R_TX_NOT_IPV4;
 	pidx = peer_by_overlay(&in.ip4->daddr);
 	if (pidx < 0)
@@ -206,7 +212,10 @@ static __always_inline __u32 tx_process(struct __sk_buff *skb, struct tx_out *ou
 	/* 5. Encapsulate; every wire segment repeats Ethernet, outer headers
 	 * and inner IP/TCP headers. */
 	port = cfg_udp_port(cfg);
-	if (encap_push(skb, path, &u, port, &seq->psn))
+	err = encap_push(skb, path, &u, port, &seq->psn);
+	if (err == ENCAP_NESTED_GSO)
+		return MRC_R_TX_NESTED_GSO;
+	if (err)
 		return MRC_R_TX_ENCAP_FAIL;
 	wire_bytes = skb->len + (__u64)(u.segs - 1) *
 				(ETH_HLEN + encap_overhead(path->family) + inner_hdrs);

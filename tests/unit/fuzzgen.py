@@ -371,6 +371,18 @@ class Runner:
     def __init__(self, dp, rx: RxModel, tx: TxModel, batch: int = 2000):
         self.dp, self.rxm, self.txm, self.batch = dp, rx, tx, batch
         self.next_psn = 1
+        self.probes = 0
+
+    def _refill_probe_budget(self):
+        """Probe replies are rate-limited per (peer, plane) (bpf/probe.h),
+        state the model leaves out: refill every bucket well before a
+        burst's worth of probes has been answered."""
+        m = self.dp.maps.get("mrc_probe_rl")
+        if m is None:
+            return
+        for peer in self.rxm.n_paths:
+            for plane in range(wire.MRC_MAX_PLANES):
+                m.update(wire.u32(peer * wire.MRC_MAX_PLANES + plane), wire.u64(0))
 
     def _drops(self) -> Counter:
         return Counter({r: v for r, v in self.dp.drops().items() if v})
@@ -383,6 +395,10 @@ class Runner:
             f = rxmodel.with_wire_psn(f, v.mrc_off, self.next_psn)
             self.next_psn += 1
             v = self.rxm.verdict(f)
+        if v.reason == R.RX_PROBE_REPLIED:
+            self.probes += 1
+            if self.probes % 256 == 0:
+                self._refill_probe_budget()
         ret, out = self.dp.run_rx(f)
         if ret != v.action or (v.out is not None and out != v.out) or (v.action == rxmodel.XDP_DROP and out != f):
             raise Mismatch(f"rx: program said {ret} ({len(out)} bytes out), model {v} "

@@ -107,6 +107,21 @@ class RxModel:
 
     # ------------------------------------------------------------------ rx
     def verdict(self, f: bytes, ingress: int = 1) -> Verdict:
+        # An 802.1Q priority tag (VID 0) is the untagged frame (as the
+        # kernel treats it): judged without it; a reply keeps it, a
+        # decapsulated packet loses it with the outer headers.
+        if len(f) >= ETH_HLEN + 4 and _u16(f, 12) == ETH_P_8021Q and not _u16(f, 14) & 0x0FFF:
+            v = self._verdict(f[:12] + f[16:], ingress)
+            out = v.out
+            if v.action == XDP_TX and out is not None:
+                out = out[:12] + f[12:16] + out[12:]
+            elif v.action == XDP_PASS and (v.mrc_off is None or v.reason is not None):
+                out = f                                # untouched
+            return Verdict(v.action, v.reason, out,
+                           v.mrc_off + 4 if v.mrc_off is not None else None, v.family)
+        return self._verdict(f, ingress)
+
+    def _verdict(self, f: bytes, ingress: int = 1) -> Verdict:
         n = len(f)
         PASS = Verdict(XDP_PASS, None, f)
         if n < ETH_HLEN:
