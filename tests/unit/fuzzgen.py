@@ -389,9 +389,10 @@ class Runner:
 
     def _rx_one(self, f: bytes) -> tuple[bytes, Verdict]:
         v = self.rxm.verdict(f)
-        if v.action == rxmodel.XDP_PASS and v.mrc_off is not None:
-            # Decapsulated DATA: a fresh wire PSN, so duplicate suppression
-            # (not the parser's business) never fires.
+        if v.mrc_off is not None and (v.action == rxmodel.XDP_PASS or v.reason == R.RX_ECN_NOT_ECT):
+            # DATA that reaches the PSN accounting (decapsulated, or dropped
+            # for ECN after it): a fresh wire PSN, so duplicate suppression
+            # and its look-ahead bound (not the parser's business) never fire.
             f = rxmodel.with_wire_psn(f, v.mrc_off, self.next_psn)
             self.next_psn += 1
             v = self.rxm.verdict(f)

@@ -307,6 +307,8 @@ class TxModel:
 
     def verdict(self, f: bytes) -> Verdict:
         n = len(f)
+        if n >= ETH_HLEN and _u16(f, 12) in (ETH_P_8021Q, ETH_P_8021AD):
+            return Verdict(TC_ACT_SHOT, R.TX_VLAN)     # its tag would be lost
         if n < ETH_HLEN + 20 or _u16(f, 12) != ETH_P_IP:
             return Verdict(TC_ACT_SHOT, R.TX_NOT_IPV4)
         ver, ihl = f[14] >> 4, f[14] & 0x0F
