@@ -8,7 +8,7 @@
  * parse_l3() fills a family-neutral descriptor (struct l3_desc) for the outer
  * header mrc_rx receives and for the inner packet both programs carry. What a
  * caller accepts is policy, passed as L3_F_* flags, not a second parser:
- *   mrc_rx outer  L3_F_IPV4 | L3_F_IPV6 | L3_F_V6_FRAG
+ *   mrc_rx outer  L3_F_IPV4 | L3_F_IPV6 | L3_F_V6_FRAG, after parse_l2(L2_F_PRIO_TAG)
  *   mrc_tx inner  L3_F_IPV4 | L3_F_WHOLE
  *   mrc_rx inner  L3_F_IPV4
  * Carrying inner IPv6 means adding L3_F_IPV6 to the two inner calls (and

@@ -13,7 +13,8 @@
  * kernel's segmentation copies the outer headers (MRC header included) into
  * every wire segment and fixes their lengths. The MRC header therefore
  * describes the whole unit (psn, segs, seg_size, seq0) and the receiver
- * derives each segment's PSN from its inner TCP sequence number.
+ * derives each segment's PSN from its inner TCP sequence number (a UDP GSO
+ * unit: from its inner IPv4 ID, MRC_F_IPID).
  */
 #include <linux/bpf.h>
 #include <linux/pkt_cls.h>
