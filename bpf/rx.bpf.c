@@ -156,7 +156,7 @@ static __always_inline __u32 rx_process(void *data, void *data_end, __u32 ifinde
 
 	/* Reordering hints, duplicates and loss, per wire packet; how far
 	 * ahead of the window it was bounds what dedup may mark. */
-	ahead = reorder_ahead(peer_idx, psn);
+	ahead = (mh->flags & MRC_F_HEDGE) ? reorder_ahead(peer_idx, psn) : 0;
 	reorder_account(peer_idx, psn, st, peer_seq(peer_idx));
 
 	/* Feedback: the peer tells us one of OUR paths delivered a packet

@@ -166,9 +166,10 @@ def other_seed(rng: random.Random) -> bytes:
     if k == 4:                                       # IPv6 UDP, not MRC
         return e6 + pkt.ipv6(PATHS[1].daddr, PATHS[1].saddr, pkt.IPPROTO_UDP,
                              pkt.udp(rng.getrandbits(16), 53, rng.randbytes(30)))
-    if k == 5:                                       # VLAN-tagged MRC
+    if k == 5:                                       # VLAN- or priority-tagged (VID 0) MRC
         m = mrc_seed(rng, rng.choice([4, 6]))
-        return pkt.vlan(OUR_MAC, PEER_MAC, rng.getrandbits(12), _u16(m, 12)) + m[14:]
+        vid = rng.choice([0, rng.getrandbits(12)])
+        return pkt.vlan(OUR_MAC, PEER_MAC, vid, _u16(m, 12)) + m[14:]
     if k == 6:                                       # IPv4 fragments of MRC
         m = mrc_seed(rng, 4)
         kw = rng.choice([{"df": False, "mf": True}, {"df": False, "frag_off": rng.randrange(1, 200)},
