@@ -26,6 +26,15 @@ static __always_inline bool dedup_tag_newer(__u32 a, __u32 b)
 	return (__s32)((a - b) << DEDUP_BLOCK_SHIFT) > 0;
 }
 
+/* A hedged copy further than this above the highest PSN seen is not
+ * marked (MRC_R_RX_HEDGE_AHEAD): a forged frame from a peer's address must
+ * not pre-set the bit of a PSN the peer has yet to send, which would drop
+ * the genuine packet later. Genuine first copies lead the top by the
+ * packets still in flight on slower paths; beyond the reorder window
+ * (4096 PSNs) those would be counted lost anyway. A false refusal costs a
+ * duplicate delivered, not a loss. */
+#define DEDUP_AHEAD		(MRC_WIN_WORDS * 64)
+
 /* Bounded compare-and-swap retries; losing them all (four other CPUs
  * changed the word meanwhile) delivers the packet. */
 #define DEDUP_RETRIES		4

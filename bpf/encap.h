@@ -41,6 +41,7 @@ struct mrc_unit {
 /* An MRC frame as mrc_rx sees it: outer headers, then the inner packet. */
 struct mrc_frame {
 	struct ethhdr	*eth;
+	__u32		l2_len;	/* Ethernet and a priority tag (parse_l2) */
 	struct l3_desc	l3;	/* outer */
 	struct udphdr	*udp;
 	struct mrc_hdr	*mh;
@@ -177,6 +178,9 @@ static __always_inline int encap_write(struct __sk_buff *skb,
 	return 0;
 }
 
+#define ENCAP_EALREADY		114	/* errno: skb already encapsulated */
+#define ENCAP_NESTED_GSO	-2	/* encap_push: nested GSO unit refused */
+
 /*
  * Encapsulate a unit for `path`: open room between the Ethernet header and
  * the inner packet, reserve the unit's PSNs from *psn_next, and write all
@@ -186,6 +190,7 @@ static __always_inline int encap_write(struct __sk_buff *skb,
  * FIXED_GSO keeps gso_size (the overlay MTU already leaves room for the
  * overhead); ENCAP_* tell the GSO layer where the outer L3/L4 and our "L2"
  * (the MRC header) are, so segmentation copies them into every segment.
+ * Returns 0, ENCAP_NESTED_GSO or -1.
  */
 static __always_inline int encap_push(struct __sk_buff *skb,
 				      const struct mrc_path *path,
@@ -195,10 +200,26 @@ static __always_inline int encap_push(struct __sk_buff *skb,
 	__u64 flags = BPF_F_ADJ_ROOM_FIXED_GSO | BPF_F_ADJ_ROOM_ENCAP_L4_UDP |
 		      BPF_F_ADJ_ROOM_ENCAP_L2(MRC_HDR_LEN);
 
+	long err;
+
 	flags |= path->family == 4 ? BPF_F_ADJ_ROOM_ENCAP_L3_IPV4 :
 				     BPF_F_ADJ_ROOM_ENCAP_L3_IPV6;
-	if (bpf_skb_adjust_room(skb, encap_overhead(path->family),
-				BPF_ADJ_ROOM_MAC, flags))
+	err = bpf_skb_adjust_room(skb, encap_overhead(path->family),
+				  BPF_ADJ_ROOM_MAC, flags);
+	/* The inner packet is itself a tunnel's (VXLAN or Geneve from a
+	 * container network over the overlay): the skb describes one level
+	 * of encapsulation only. A single packet needs no description (its
+	 * checksum offset stays valid, room opens after the MAC header): plain
+	 * room. A GSO unit would be segmented by the inner tunnel's headers
+	 * with ours copied as an unchanged "MAC header", every segment's
+	 * outer lengths wrong: refused. */
+	if (err == -ENCAP_EALREADY) {
+		if (skb->gso_size)
+			return ENCAP_NESTED_GSO;
+		err = bpf_skb_adjust_room(skb, encap_overhead(path->family),
+					  BPF_ADJ_ROOM_MAC, 0);
+	}
+	if (err)
 		return -1;
 	u->psn = __sync_fetch_and_add(psn_next, u->segs);
 	return encap_write(skb, path, u, port);

@@ -34,6 +34,7 @@
  *   mrc_reorder     reorder.h
  *   mrc_rx_epoch    epoch.h
  *   mrc_probe_nonce probe.h
+ *   mrc_probe_rl    probe.h
  */
 #ifndef MRC_MAPS_H
 #define MRC_MAPS_H

@@ -45,12 +45,16 @@ enum mrc_type {
 /* Header flags. */
 #define MRC_F_FEEDBACK	0x01	/* fb_path/fb_ts carry an echo for the receiver */
 #define MRC_F_HEDGE	0x02	/* duplicate copy sent for hedging */
+#define MRC_F_IPID	0x04	/* non-TCP unit: seq0 holds the inner IPv4 ID of
+				 * its first segment, segment i carries ID + i */
 
 /*
  * The MRC header follows the outer UDP header. One header covers one
  * spraying unit (a GSO super-packet): the kernel's UDP-tunnel segmentation
  * copies it into every wire segment, so the receiver derives the wire PSN of
- * segment i as psn + i, with i = (inner TCP seq - seq0) / seg_size.
+ * segment i as psn + i, with i = (inner TCP seq - seq0) / seg_size, or, for a
+ * non-TCP unit (UDP GSO, MRC_F_IPID), i = inner IPv4 ID - seq0 (mod 2^16):
+ * GSO gives segment i of an IPv4 unit the ID of the first plus i.
  */
 struct mrc_hdr {
 	__u8	ver_type;	/* MRC_VERSION << 4 | enum mrc_type */
@@ -60,7 +64,8 @@ struct mrc_hdr {
 	__be32	tx_ts;		/* sender monotonic clock, microseconds mod 2^32 */
 	__be16	segs;		/* wire packets in this unit (>= 1) */
 	__be16	seg_size;	/* inner payload bytes per segment (gso_size) or 0 */
-	__be32	seq0;		/* inner TCP sequence number of the first segment */
+	__be32	seq0;		/* inner TCP sequence number of the first segment;
+				 * with MRC_F_IPID the first segment's inner IPv4 ID */
 	__be16	fb_path;	/* feedback: a path of the receiver's that delivered */
 	__be16	epoch;		/* the sender's epoch (mrc_config.epoch, new at
 				 * every `up`): a receiver seeing a new one
@@ -105,7 +110,11 @@ enum mrc_reason {
 	MRC_R_RX_WRONG_PLANE	= 20,	/* path id of another plane than the frame's */
 	MRC_R_RX_BAD_NONCE	= 21,	/* probe reply without an outstanding probe's nonce */
 	MRC_R_RX_ECN_NOT_ECT	= 22,	/* CE outside on a not-ECT inner packet (RFC 6040) */
-	MRC_R_MAX		= 23,
+	MRC_R_RX_HEDGE_AHEAD	= 23,	/* not a drop: hedged, too far ahead to mark */
+	MRC_R_RX_PROBE_LIMITED	= 24,	/* probe over its peer's per-plane reply rate */
+	MRC_R_TX_VLAN		= 25,	/* VLAN-tagged frame on the overlay device */
+	MRC_R_TX_NESTED_GSO	= 26,	/* GSO unit of a tunnel over the overlay */
+	MRC_R_MAX		= 27,
 };
 
 /* mrc_cfg: ARRAY[1], instance-wide settings the control plane may change

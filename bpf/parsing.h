@@ -8,7 +8,7 @@
  * parse_l3() fills a family-neutral descriptor (struct l3_desc) for the outer
  * header mrc_rx receives and for the inner packet both programs carry. What a
  * caller accepts is policy, passed as L3_F_* flags, not a second parser:
- *   mrc_rx outer  L3_F_IPV4 | L3_F_IPV6 | L3_F_V6_FRAG
+ *   mrc_rx outer  L3_F_IPV4 | L3_F_IPV6 | L3_F_V6_FRAG, after parse_l2(L2_F_PRIO_TAG)
  *   mrc_tx inner  L3_F_IPV4 | L3_F_WHOLE
  *   mrc_rx inner  L3_F_IPV4
  * Carrying inner IPv6 means adding L3_F_IPV6 to the two inner calls (and
@@ -55,8 +55,7 @@ struct ip6_frag {
 };
 
 /* Returns the ethertype in network order, or -1 when cut short. VLAN tags
- * are not walked: mrc never sends tagged frames, so a tagged frame is
- * someone else's and the caller passes it on untouched. */
+ * are not walked (parse_l2 walks a priority tag). */
 static __always_inline int parse_ethhdr(struct hdr_cursor *nh, void *data_end,
 					struct ethhdr **ethhdr)
 {
@@ -67,6 +66,37 @@ static __always_inline int parse_ethhdr(struct hdr_cursor *nh, void *data_end,
 	nh->pos = eth + 1;
 	*ethhdr = eth;
 	return eth->h_proto;
+}
+
+/* Policy for parse_l2(). */
+#define L2_F_PRIO_TAG	0x01	/* walk one 802.1Q tag with VID 0 */
+
+#define VLAN_VID_MASK	0x0fff
+
+struct vlan_tag {
+	__be16	tci;
+	__be16	proto;
+};
+
+/*
+ * Ethernet, and with L2_F_PRIO_TAG an 802.1Q priority tag (VID 0, only the
+ * PCP set: switches and NICs add them for 802.1p). The kernel treats such
+ * a frame as untagged on the device itself, so it is the plane's traffic
+ * and mrc's if it is MRC. Any other tag (a VID, 802.1ad, a second tag)
+ * is returned as the ethertype: it belongs to a VLAN device.
+ */
+static __always_inline int parse_l2(struct hdr_cursor *nh, void *data_end,
+				    struct ethhdr **ethhdr, __u32 flags)
+{
+	int proto = parse_ethhdr(nh, data_end, ethhdr);
+	struct vlan_tag *vt = nh->pos;
+
+	if ((flags & L2_F_PRIO_TAG) && proto == bpf_htons(ETH_P_8021Q) &&
+	    (void *)(vt + 1) <= data_end && !(vt->tci & bpf_htons(VLAN_VID_MASK))) {
+		nh->pos = vt + 1;
+		return vt->proto;
+	}
+	return proto;
 }
 
 /* Policy for parse_l3(). */

@@ -93,8 +93,11 @@ static __always_inline bool path_usable(const struct mrc_path *p,
 	return path_allowed(p, idx) && l->state == MRC_PATH_GOOD;
 }
 
-/* path_usable() by index. */
-static __always_inline bool path_usable_at(__u32 peer_idx, __u32 pid)
+/* path_usable() by index. A global function: the verifier checks it once
+ * on its own instead of inline at every loop that asks (with three map
+ * lookups each, the inlined copies took mrc_tx past the 1M-instruction
+ * verification limit). */
+__attribute__((noinline)) int path_usable_at(__u32 peer_idx, __u32 pid)
 {
 	__u32 idx = MRC_PATH_IDX(peer_idx, pid);
 	struct mrc_path *p = bpf_map_lookup_elem(&mrc_paths, &idx);

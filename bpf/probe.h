@@ -35,4 +35,47 @@ static __always_inline bool probe_reply_genuine(__u32 peer_idx, __u32 path_id,
 	return pn && nonce && pn->seq[i] == seq && pn->nonce[i] == nonce;
 }
 
+/*
+ * Probes are answered in place with XDP_TX; without a bound, anyone who can
+ * send from a peer's address on a plane makes us transmit at line rate.
+ * Per (peer, plane) a GCRA token bucket (one __u64: the theoretical arrival
+ * time of the next probe) allows PROBE_RL_BURST probes at once and
+ * 1e9 / PROBE_RL_GAP_NS per second after that; the rest is dropped
+ * (MRC_R_RX_PROBE_LIMITED). The agent sends one probe per path per
+ * health.probe_interval_ms: the default 20 ms leaves room for 160 paths on
+ * one plane of a peer. Per plane, so that a flood on one plane does not
+ * silence the peer's probes on the others. Plain load and store: two CPUs
+ * racing let a probe or two more through, which does not matter.
+ */
+#define PROBE_RL_GAP_NS		(1000000000ULL / 8192)
+#define PROBE_RL_BURST		512
+
+/* Writer: mrc_rx (probe.h) only. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MRC_MAX_PEERS * MRC_MAX_PLANES);
+	__type(key, __u32);
+	__type(value, __u64);
+} mrc_probe_rl SEC(".maps");
+
+/* May we answer this probe from peer_idx on plane? */
+static __always_inline bool probe_allowed(__u32 peer_idx, __u32 plane, __u64 now)
+{
+	__u32 key = peer_idx * MRC_MAX_PLANES + plane;
+	__u64 *tat, t;
+
+	if (plane >= MRC_MAX_PLANES)
+		return false;
+	tat = bpf_map_lookup_elem(&mrc_probe_rl, &key);
+	if (!tat)
+		return false;
+	t = *tat;
+	if (t < now)
+		t = now;
+	if (t - now > (PROBE_RL_BURST - 1) * PROBE_RL_GAP_NS)
+		return false;
+	*tat = t + PROBE_RL_GAP_NS;
+	return true;
+}
+
 #endif /* MRC_PROBE_H */

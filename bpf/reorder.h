@@ -138,6 +138,19 @@ static __always_inline void ro_ooo(struct mrc_reorder *ro, struct mrc_path_stats
 	st->rx_ooo_hist[b < MRC_PATH_HIST ? b : MRC_PATH_HIST - 1] += 1;
 }
 
+/* How far a wire PSN lies above the highest seen (0 if not above, or no
+ * window yet): read before reorder_account() moves the top. */
+static __always_inline __u32 reorder_ahead(__u32 peer_idx, __u32 psn)
+{
+	struct mrc_rx_win *w = bpf_map_lookup_elem(&mrc_rx_win, &peer_idx);
+	__s32 d;
+
+	if (!w || !w->started)
+		return 0;
+	d = (__s32)(psn - (__u32)w->max);
+	return d > 0 ? d : 0;
+}
+
 /*
  * Account one received wire PSN of peer peer_idx on the path whose per-CPU
  * counters are st. Keeps seq->rx_psn_max (the status view of the highest

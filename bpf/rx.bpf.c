@@ -51,22 +51,30 @@ static __always_inline __u32 rx_probe_reply(const struct mrc_config *cfg,
 }
 
 /* Wire PSN of this segment: the unit's PSN plus the segment's index,
- * recovered from the inner TCP sequence number. */
+ * recovered from the inner TCP sequence number, or for a non-TCP unit
+ * (UDP GSO: no offset in the datagrams) from the inner IPv4 ID, which GSO
+ * advances by one per segment. */
 static __always_inline __u32 rx_wire_psn(const struct mrc_hdr *mh,
 					 const struct l3_desc *in, void *data_end)
 {
-	__u32 psn = bpf_ntohl(mh->psn);
+	__u32 psn = bpf_ntohl(mh->psn), segs = bpf_ntohs(mh->segs);
 
-	if (bpf_ntohs(mh->segs) > 1 && bpf_ntohs(mh->seg_size) > 0 &&
-	    in->proto == IPPROTO_TCP) {
+	if (segs <= 1)
+		return psn;
+	if (mh->flags & MRC_F_IPID) {
+		__u16 i = bpf_ntohs(in->ip4->id) - (__u16)bpf_ntohl(mh->seq0);
+
+		/* garbage beyond the unit: leave the unit's PSN */
+		if (in->family == 4 && i < segs)
+			psn += i;
+	} else if (bpf_ntohs(mh->seg_size) > 0 && in->proto == IPPROTO_TCP) {
 		struct tcphdr *tcph = in->l4;
 
 		if ((void *)tcph + 8 <= data_end) {
 			__u32 off = bpf_ntohl(tcph->seq) - bpf_ntohl(mh->seq0);
 			__u32 i = off / bpf_ntohs(mh->seg_size);
 
-			/* garbage beyond the unit: leave the unit's PSN */
-			if (i < bpf_ntohs(mh->segs))
+			if (i < segs)
 				psn += i;
 		}
 	}
@@ -83,7 +91,8 @@ static __always_inline __u32 rx_process(void *data, void *data_end, __u32 ifinde
 	struct mrc_path_stats *st;
 	struct mrc_hdr *mh;
 	struct mrc_path *pcfg;
-	__u32 peer_idx, path_id, plane, type, psn, v, now_us = 0;
+	__u32 peer_idx, path_id, plane, type, psn, v, now_us = 0, ahead;
+	__u32 done = RX_NOT_COUNTED;	/* reason a delivered frame counts */
 	int ecn;
 	__u64 now = 0;
 	bool receipt, fresh;
@@ -99,8 +108,11 @@ static __always_inline __u32 rx_process(void *data, void *data_end, __u32 ifinde
 
 	/* Probes are answered whatever their path_id: it names a path of the
 	 * prober's and is only echoed back. */
-	if (type == MRC_T_PROBE)
+	if (type == MRC_T_PROBE) {
+		if (!probe_allowed(peer_idx, plane, bpf_ktime_get_ns()))
+			return RX_V(RX_DROP, MRC_R_RX_PROBE_LIMITED);
 		return RX_V(RX_TURN_AROUND, MRC_R_RX_PROBE_REPLIED);
+	}
 	if (type != MRC_T_DATA && type != MRC_T_PROBE_REPLY)
 		return RX_V(RX_DROP, MRC_R_RX_BAD_TYPE);
 
@@ -144,8 +156,10 @@ static __always_inline __u32 rx_process(void *data, void *data_end, __u32 ifinde
 		now_us = (__u32)(now / 1000);
 
 	/* Reordering hints, duplicates and loss, per wire packet, within
-	 * the sender's current epoch only (bpf/epoch.h). */
+	 * the sender's current epoch only (bpf/epoch.h); how far ahead of
+	 * the window it was bounds what dedup may mark. */
 	fresh = epoch_current(peer_idx, bpf_ntohs(mh->epoch));
+	ahead = (fresh && (mh->flags & MRC_F_HEDGE)) ? reorder_ahead(peer_idx, psn) : 0;
 	if (fresh)
 		reorder_account(peer_idx, psn, st, peer_seq(peer_idx));
 
@@ -157,8 +171,12 @@ static __always_inline __u32 rx_process(void *data, void *data_end, __u32 ifinde
 
 	/* The second copy of a hedged unit's packet goes no further; it
 	 * still counted as evidence above. */
-	if (fresh && (mh->flags & MRC_F_HEDGE) && dedup_seen(peer_idx, psn))
-		return RX_V(RX_DROP, MRC_R_RX_DUPLICATE);
+	if (fresh && (mh->flags & MRC_F_HEDGE)) {
+		if (ahead > DEDUP_AHEAD)
+			done = MRC_R_RX_HEDGE_AHEAD;
+		else if (dedup_seen(peer_idx, psn))
+			return RX_V(RX_DROP, MRC_R_RX_DUPLICATE);
+	}
 
 	/* ECN: the fabric's CE reaches the inner packet (bpf/ecn.h). */
 	ecn = ecn_decap(f->l3.tos, f->inner.tos);
@@ -168,7 +186,7 @@ static __always_inline __u32 rx_process(void *data, void *data_end, __u32 ifinde
 		return RX_V(RX_DROP, MRC_R_RX_ECN_NOT_ECT);
 	if (ecn != (f->inner.tos & IP_ECN_MASK))
 		ecn_set(&f->inner, ecn);
-	return RX_V(RX_DELIVER, RX_NOT_COUNTED);
+	return RX_V(RX_DELIVER, done);
 }
 
 /* The one exit: carry out the verdict and count its reason. */
@@ -178,8 +196,10 @@ static __always_inline int rx_exit(struct xdp_md *ctx, struct mrc_frame *f, __u3
 	int ret = XDP_PASS;
 
 	if (action == RX_DELIVER) {
-		if (decap_xdp(ctx, f->l3.hdr_len + sizeof(struct udphdr) +
-				   sizeof(struct mrc_hdr), l3_ethertype(&f->inner))) {
+		/* a priority tag goes with the outer headers */
+		if (decap_xdp(ctx, f->l2_len - ETH_HLEN + f->l3.hdr_len +
+				   sizeof(struct udphdr) + sizeof(struct mrc_hdr),
+			      l3_ethertype(&f->inner))) {
 			reason = MRC_R_RX_DECAP_FAIL;
 			ret = XDP_DROP;
 		}

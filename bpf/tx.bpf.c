@@ -13,7 +13,8 @@
  * kernel's segmentation copies the outer headers (MRC header included) into
  * every wire segment and fixes their lengths. The MRC header therefore
  * describes the whole unit (psn, segs, seg_size, seq0) and the receiver
- * derives each segment's PSN from its inner TCP sequence number.
+ * derives each segment's PSN from its inner TCP sequence number (a UDP GSO
+ * unit: from its inner IPv4 ID, MRC_F_IPID).
  */
 #include <linux/bpf.h>
 #include <linux/pkt_cls.h>
@@ -77,17 +78,23 @@ static __always_inline __u32 tx_process(struct __sk_buff *skb, struct tx_out *ou
 	__u32 peer_idx, n_paths, n, start, i, inner_hdrs, len;
 	__u64 now, wire_bytes;
 	__u16 port;
-	int pidx, tcp_len = -1, verdict = H_UNUSABLE, hedge = -1;
+	int pidx, proto, err, tcp_len = -1, verdict = H_UNUSABLE, hedge = -1;
 	bool tcp, retx = false, steered = false;
 
 	tx_pull(skb);
 	data = (void *)(long)skb->data;
 	data_end = (void *)(long)skb->data_end;
 
-	/* 1. Inner Ethernet + IPv4, destination peer. */
+	/* 1. Inner Ethernet + IPv4, destination peer. The overlay carries
+	 * IPv4 and the receiver writes an untagged ethertype: a VLAN device
+	 * on the overlay (tag in the frame or, offloaded, in the skb) would
+	 * lose its tag on the way, so it is refused where it can be seen. */
 	nh.pos = data;
-	if (parse_l3(&nh, data_end, parse_ethhdr(&nh, data_end, &eth),
-		     L3_F_IPV4 | L3_F_WHOLE, &in) != L3_OK)
+	proto = parse_ethhdr(&nh, data_end, &eth);
+	if (proto == bpf_htons(ETH_P_8021Q) || proto == bpf_htons(ETH_P_8021AD) ||
+	    skb->vlan_present)
+		return MRC_R_TX_VLAN;
+	if (parse_l3(&nh, data_end, proto, L3_F_IPV4 | L3_F_WHOLE, &in) != L3_OK)
 		return MRC_R_TX_NOT_IPV4;
 	pidx = peer_by_overlay(&in.ip4->daddr);
 	if (pidx < 0)
@@ -167,7 +174,22 @@ static __always_inline __u32 tx_process(struct __sk_buff *skb, struct tx_out *ou
 	u.seg_size = skb->gso_size;
 	u.tos = in.tos;	/* DSCP and ECN: RFC 6040 normal mode (bpf/ecn.h) */
 	if (!tcp) {
-		u.seg_size = 0;	/* receiver numbers TCP segments only */
+		/* A UDP GSO unit's datagrams carry no offset; GSO gives
+		 * segment i the inner IPv4 ID of the first plus i, so the
+		 * receiver numbers them by it (without a distinct PSN each,
+		 * hedged segments 2..n would be dropped as duplicates). */
+		if (!skb->gso_segs && u.seg_size && in.proto == IPPROTO_UDP) {
+			len = skb->len - ETH_HLEN - in.hdr_len - sizeof(struct udphdr);
+			u.segs = (len + u.seg_size - 1) / u.seg_size;
+			if (u.segs < 1)
+				u.segs = 1;
+		}
+		if (in.proto == IPPROTO_UDP)
+			inner_hdrs += sizeof(struct udphdr);	/* repeated per segment */
+		if (u.segs > 1) {
+			u.seq0 = bpf_ntohs(in.ip4->id);
+			u.flags |= MRC_F_IPID;
+		}
 	} else if (tcp_len > 0 && !skb->gso_segs && u.seg_size) {
 		/* gso_segs may be unset on packets the stack marked for
 		 * re-validation: derive it. */
@@ -192,7 +214,10 @@ static __always_inline __u32 tx_process(struct __sk_buff *skb, struct tx_out *ou
 	/* 5. Encapsulate; every wire segment repeats Ethernet, outer headers
 	 * and inner IP/TCP headers. */
 	port = cfg_udp_port(cfg);
-	if (encap_push(skb, path, &u, port, &seq->psn))
+	err = encap_push(skb, path, &u, port, &seq->psn);
+	if (err == ENCAP_NESTED_GSO)
+		return MRC_R_TX_NESTED_GSO;
+	if (err)
 		return MRC_R_TX_ENCAP_FAIL;
 	wire_bytes = skb->len + (__u64)(u.segs - 1) *
 				(ETH_HLEN + encap_overhead(path->family) + inner_hdrs);

@@ -10,8 +10,9 @@
  *    plane, carrying a version-1 PROBE_REPLY: replies swap the probe's
  *    ports, so they come back to the probe's EV. Anything else with that
  *    source port is someone else's traffic and passes untouched.
- * Not ours, passed untouched: VLAN-tagged frames (mrc never tags; counted
- * as MRC_R_RX_PASS_VLAN), non-IP, non-UDP, outer frames cut short before the
+ * A priority tag (802.1Q, VID 0) is walked: the kernel treats the frame as
+ * untagged. Not ours, passed untouched: VLAN-tagged frames (a VID, 802.1ad:
+ * they belong to a VLAN device; counted as MRC_R_RX_PASS_VLAN), non-IP, non-UDP, outer frames cut short before the
  * UDP ports (the stack drops them as malformed), non-first UDP fragments
  * (no UDP header to tell; counted as MRC_R_RX_PASS_FRAGMENT; the first
  * fragment is dropped below, so the datagram never reassembles), and
@@ -101,7 +102,8 @@ static __always_inline __u32 rx_validate(void *data, void *data_end,
 	int proto, pidx;
 
 	/* 1. Outer IP and UDP: is it ours? */
-	proto = parse_ethhdr(&nh, data_end, &f->eth);
+	proto = parse_l2(&nh, data_end, &f->eth, L2_F_PRIO_TAG);
+	f->l2_len = nh.pos - data;
 	if (proto != bpf_htons(ETH_P_IP) && proto != bpf_htons(ETH_P_IPV6)) {
 		/* Counted because a tagged MRC frame is a misconfiguration an
 		 * operator wants to see, not silence. */
@@ -153,7 +155,7 @@ static __always_inline __u32 rx_validate(void *data, void *data_end,
 	ip_len = f->l3.len;
 	if ((void *)(mh + 1) > data_end ||
 	    ip_len < l3_len + sizeof(*udp) + sizeof(*mh) ||
-	    (__u32)(data_end - data) < ETH_HLEN + ip_len ||
+	    (__u32)(data_end - data) < f->l2_len + ip_len ||
 	    bpf_ntohs(udp->len) < sizeof(*udp) + sizeof(*mh) ||
 	    bpf_ntohs(udp->len) > ip_len - l3_len)
 		return rx_refuse(reply_only, MRC_R_RX_TRUNCATED);

@@ -42,6 +42,7 @@ MRC_PATH_HIST = 8           # per path reorder-distance histogram (log2)
 
 MRC_F_FEEDBACK = 0x01
 MRC_F_HEDGE = 0x02
+MRC_F_IPID = 0x04
 
 MRC_HDR_LEN = 28
 MRC_OVERHEAD_V4 = 20 + 8 + MRC_HDR_LEN
@@ -126,12 +127,17 @@ class Reason(_LabelEnum):
     RX_WRONG_PLANE = 20
     RX_BAD_NONCE = 21
     RX_ECN_NOT_ECT = 22
+    RX_HEDGE_AHEAD = 23
+    RX_PROBE_LIMITED = 24
+    TX_VLAN = 25
+    TX_NESTED_GSO = 26
 
     @property
     def is_drop(self) -> bool:
         """False for the verdicts mrc.h marks "not a drop" (test_wire checks)."""
         return self not in (Reason.RX_PROBE_REPLIED, Reason.RX_PROBE_REPLY,
-                            Reason.RX_PASS_VLAN, Reason.RX_PASS_FRAGMENT)
+                            Reason.RX_PASS_VLAN, Reason.RX_PASS_FRAGMENT,
+                            Reason.RX_HEDGE_AHEAD)
 
 
 def reason_is_drop(label: str) -> bool:
@@ -144,7 +150,7 @@ def reason_is_drop(label: str) -> bool:
     return "probe" not in label
 
 
-MRC_R_MAX = 23
+MRC_R_MAX = 27
 
 
 class EvReason(_LabelEnum):
@@ -185,6 +191,7 @@ def c_constants() -> dict[str, int]:
         "MRC_PATH_HIST": MRC_PATH_HIST,
         "MRC_F_FEEDBACK": MRC_F_FEEDBACK,
         "MRC_F_HEDGE": MRC_F_HEDGE,
+        "MRC_F_IPID": MRC_F_IPID,
         "MRC_HDR_LEN": MRC_HDR_LEN,
         "MRC_OVERHEAD_V4": MRC_OVERHEAD_V4,
         "MRC_OVERHEAD_V6": MRC_OVERHEAD_V6,

@@ -166,9 +166,10 @@ def other_seed(rng: random.Random) -> bytes:
     if k == 4:                                       # IPv6 UDP, not MRC
         return e6 + pkt.ipv6(PATHS[1].daddr, PATHS[1].saddr, pkt.IPPROTO_UDP,
                              pkt.udp(rng.getrandbits(16), 53, rng.randbytes(30)))
-    if k == 5:                                       # VLAN-tagged MRC
+    if k == 5:                                       # VLAN- or priority-tagged (VID 0) MRC
         m = mrc_seed(rng, rng.choice([4, 6]))
-        return pkt.vlan(OUR_MAC, PEER_MAC, rng.getrandbits(12), _u16(m, 12)) + m[14:]
+        vid = rng.choice([0, rng.getrandbits(12)])
+        return pkt.vlan(OUR_MAC, PEER_MAC, vid, _u16(m, 12)) + m[14:]
     if k == 6:                                       # IPv4 fragments of MRC
         m = mrc_seed(rng, 4)
         kw = rng.choice([{"df": False, "mf": True}, {"df": False, "frag_off": rng.randrange(1, 200)},
@@ -371,18 +372,35 @@ class Runner:
     def __init__(self, dp, rx: RxModel, tx: TxModel, batch: int = 2000):
         self.dp, self.rxm, self.txm, self.batch = dp, rx, tx, batch
         self.next_psn = 1
+        self.probes = 0
+
+    def _refill_probe_budget(self):
+        """Probe replies are rate-limited per (peer, plane) (bpf/probe.h),
+        state the model leaves out: refill every bucket well before a
+        burst's worth of probes has been answered."""
+        m = self.dp.maps.get("mrc_probe_rl")
+        if m is None:
+            return
+        for peer in self.rxm.n_paths:
+            for plane in range(wire.MRC_MAX_PLANES):
+                m.update(wire.u32(peer * wire.MRC_MAX_PLANES + plane), wire.u64(0))
 
     def _drops(self) -> Counter:
         return Counter({r: v for r, v in self.dp.drops().items() if v})
 
     def _rx_one(self, f: bytes) -> tuple[bytes, Verdict]:
         v = self.rxm.verdict(f)
-        if v.action == rxmodel.XDP_PASS and v.mrc_off is not None:
-            # Decapsulated DATA: a fresh wire PSN, so duplicate suppression
-            # (not the parser's business) never fires.
+        if v.mrc_off is not None and (v.action == rxmodel.XDP_PASS or v.reason == R.RX_ECN_NOT_ECT):
+            # DATA that reaches the PSN accounting (decapsulated, or dropped
+            # for ECN after it): a fresh wire PSN, so duplicate suppression
+            # and its look-ahead bound (not the parser's business) never fire.
             f = rxmodel.with_wire_psn(f, v.mrc_off, self.next_psn)
             self.next_psn += 1
             v = self.rxm.verdict(f)
+        if v.reason == R.RX_PROBE_REPLIED:
+            self.probes += 1
+            if self.probes % 256 == 0:
+                self._refill_probe_budget()
         ret, out = self.dp.run_rx(f)
         if ret != v.action or (v.out is not None and out != v.out) or (v.action == rxmodel.XDP_DROP and out != f):
             raise Mismatch(f"rx: program said {ret} ({len(out)} bytes out), model {v} "

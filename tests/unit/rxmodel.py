@@ -107,6 +107,21 @@ class RxModel:
 
     # ------------------------------------------------------------------ rx
     def verdict(self, f: bytes, ingress: int = 1) -> Verdict:
+        # An 802.1Q priority tag (VID 0) is the untagged frame (as the
+        # kernel treats it): judged without it; a reply keeps it, a
+        # decapsulated packet loses it with the outer headers.
+        if len(f) >= ETH_HLEN + 4 and _u16(f, 12) == ETH_P_8021Q and not _u16(f, 14) & 0x0FFF:
+            v = self._verdict(f[:12] + f[16:], ingress)
+            out = v.out
+            if v.action == XDP_TX and out is not None:
+                out = out[:12] + f[12:16] + out[12:]
+            elif v.action == XDP_PASS and (v.mrc_off is None or v.reason is not None):
+                out = f                                # untouched
+            return Verdict(v.action, v.reason, out,
+                           v.mrc_off + 4 if v.mrc_off is not None else None, v.family)
+        return self._verdict(f, ingress)
+
+    def _verdict(self, f: bytes, ingress: int = 1) -> Verdict:
         n = len(f)
         PASS = Verdict(XDP_PASS, None, f)
         if n < ETH_HLEN:
@@ -244,12 +259,18 @@ class RxModel:
 
 def data_psn_index(f: bytes, moff: int) -> int:
     """Segment index i the receiver adds to the header's PSN for this DATA
-    frame: (inner TCP seq - seq0) / seg_size when the unit has several
-    segments and the inner packet is TCP with its sequence number present,
-    and i < segs; else 0."""
+    frame, when the unit has several segments and i < segs (else 0): with
+    MRC_F_IPID, inner IPv4 ID - seq0 mod 2^16; otherwise (inner TCP seq -
+    seq0) / seg_size when the inner packet is TCP with its sequence number
+    present."""
     segs, seg_size = _u16(f, moff + 12), _u16(f, moff + 14)
     ioff = moff + MRC_HDR
-    if segs <= 1 or seg_size == 0 or f[ioff + 9] != IPPROTO_TCP:
+    if segs <= 1:
+        return 0
+    if f[moff + 1] & wire.MRC_F_IPID:
+        i = (_u16(f, ioff + 4) - _u32(f, moff + 16)) & 0xFFFF
+        return i if i < segs else 0
+    if seg_size == 0 or f[ioff + 9] != IPPROTO_TCP:
         return 0
     toff = ioff + (f[ioff] & 0x0F) * 4
     if toff + 8 > len(f):
@@ -286,6 +307,8 @@ class TxModel:
 
     def verdict(self, f: bytes) -> Verdict:
         n = len(f)
+        if n >= ETH_HLEN and _u16(f, 12) in (ETH_P_8021Q, ETH_P_8021AD):
+            return Verdict(TC_ACT_SHOT, R.TX_VLAN)     # its tag would be lost
         if n < ETH_HLEN + 20 or _u16(f, 12) != ETH_P_IP:
             return Verdict(TC_ACT_SHOT, R.TX_NOT_IPV4)
         ver, ihl = f[14] >> 4, f[14] & 0x0F

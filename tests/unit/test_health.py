@@ -288,6 +288,9 @@ def test_dedup_window_slides(hdp):
     older one (out of the window) is let through rather than dropped."""
     window = wire.MRC_DEDUP_WORDS * 32
     assert hdp.run_rx(hedged(7))[0] == XDP_PASS
+    # the top moves up with plain DATA first: a hedged copy a window above
+    # it would not be marked (rx_hedge_ahead, bpf/dedup.h)
+    assert hdp.run_rx(mrc_frame(psn=6 + window))[0] == XDP_PASS
     assert hdp.run_rx(hedged(7 + window))[0] == XDP_PASS   # same word, newer block
     assert hdp.run_rx(hedged(7 + window))[0] == XDP_DROP
     assert hdp.run_rx(hedged(7))[0] == XDP_PASS            # older than the window

@@ -211,6 +211,7 @@ MAP_LAYOUT = {
     "mrc_events": (libbpf.BPF_MAP_TYPE_RINGBUF, 0, 0, 256 * 1024),
     "mrc_ovl_owner": (libbpf.BPF_MAP_TYPE_LPM_TRIE, wire.OvlKey.size(), 4, wire.MRC_MAX_PEERS * 16 + 16),
     "mrc_probe_nonce": (libbpf.BPF_MAP_TYPE_ARRAY, 4, wire.ProbeNonce, wire.MRC_PATH_ENTRIES),
+    "mrc_probe_rl": (libbpf.BPF_MAP_TYPE_ARRAY, 4, 8, wire.MRC_MAX_PEERS * wire.MRC_MAX_PLANES),
 }
 
 
