@@ -82,7 +82,8 @@ hedge_send(struct __sk_buff *skb, __u32 peer_idx, struct mrc_path *a,
 		st->tx_bytes += wire_bytes;
 	}
 	HSTAT_INC(hedged);
-	if (bpf_skb_pull_data(skb, ETH_HLEN + encap_overhead(a->family)))
+	if (bpf_skb_pull_data(skb, ETH_HLEN + encap_overhead(a->family) +
+				   encap_mac_len(u)))
 		return a;
 	u->path_id = b_id;
 	if (encap_write(skb, b, u, port))

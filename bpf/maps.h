@@ -32,6 +32,8 @@
  *   mrc_rx_win      reorder.h
  *   mrc_reorder     reorder.h
  *   mrc_probe_nonce probe.h
+ *   mrc_auth        auth.h
+ *   mrc_acl         acl.h
  */
 #ifndef MRC_MAPS_H
 #define MRC_MAPS_H
@@ -47,5 +49,7 @@
 #include "dedup.h"
 #include "reorder.h"
 #include "probe.h"
+#include "auth.h"
+#include "acl.h"
 
 #endif /* MRC_MAPS_H */

@@ -43,6 +43,7 @@ enum mrc_type {
 /* Header flags. */
 #define MRC_F_FEEDBACK	0x01	/* fb_path/fb_ts carry an echo for the receiver */
 #define MRC_F_HEDGE	0x02	/* duplicate copy sent for hedging */
+#define MRC_F_AUTH	0x04	/* a MRC_AUTH_LEN-byte MAC follows the header (bpf/auth.h) */
 
 /*
  * The MRC header follows the outer UDP header. One header covers one
@@ -100,7 +101,12 @@ enum mrc_reason {
 	MRC_R_RX_WRONG_PLANE	= 20,	/* path id of another plane than the frame's */
 	MRC_R_RX_BAD_NONCE	= 21,	/* probe reply without an outstanding probe's nonce */
 	MRC_R_RX_ECN_NOT_ECT	= 22,	/* CE outside on a not-ECT inner packet (RFC 6040) */
-	MRC_R_MAX		= 23,
+	MRC_R_RX_NO_MAC		= 23,	/* auth on, frame carries no MAC */
+	MRC_R_RX_BAD_MAC	= 24,	/* MAC wrong (forged, other key), or a MAC
+					 * while auth is off here */
+	MRC_R_RX_UNDERLAY_REFUSED = 25,	/* non-MRC frame not in the plane's
+					 * allow_underlay (bpf/acl.h) */
+	MRC_R_MAX		= 26,
 };
 
 /* mrc_cfg: ARRAY[1], instance-wide settings the control plane may change
@@ -465,6 +471,60 @@ struct mrc_hstats {
 				 * (events.h), per CPU */
 	__u64	retx_steered;	/* TCP retransmissions sent on the freshest
 				 * path; writer: mrc_tx (tx.bpf.c) */
+};
+
+/*
+ * Authentication (bpf/auth.h), optional: with MRC_F_AUTH set, an 8-byte
+ * SipHash-2-4 MAC follows the MRC header. It covers the MRC header (flags
+ * included) and struct mrc_auth_inner, the part of the inner headers that
+ * every GSO segment of a unit shares (the kernel copies one MRC header and
+ * MAC into every segment, so per-segment fields like the inner TCP sequence
+ * or IP length cannot be covered). PROBE / PROBE_REPLY: an all-zero block.
+ * The MAC is the hash's 64-bit value, little-endian (as SipHash's reference).
+ */
+#define MRC_AUTH_LEN		8
+#define MRC_AUTH_MSG_LEN	48	/* MRC header + struct mrc_auth_inner */
+struct mrc_auth_inner {
+	__be32	saddr;		/* inner IPv4 source */
+	__be32	daddr;
+	__u8	proto;
+	__u8	rsvd[3];
+	__be16	sport;		/* TCP/UDP ports of an unfragmented or first */
+	__be16	dport;		/* fragment, else 0 */
+	__u32	rsvd2;
+};
+
+/* mrc_auth: ARRAY[MRC_MAX_PEERS], the key toward each peer (the cluster
+ * key, or a peer's own). Writer: agent (loader) only; never logged. */
+struct mrc_auth_key {
+	__u64	k0;		/* key bytes 0..7, little-endian */
+	__u64	k1;		/* key bytes 8..15 */
+	__u32	on;		/* 0: this peer is not authenticated */
+	__u32	rsvd;
+};
+
+/*
+ * Underlay access list (bpf/acl.h): mrc_acl, HASH plane ifindex -> struct
+ * mrc_acl. A plane without an entry passes every non-MRC frame, as without
+ * the list. With one, a non-MRC frame reaches the stack only if it is ARP,
+ * IPv6 neighbour discovery, or matches a rule; else it is dropped under
+ * MRC_R_RX_UNDERLAY_REFUSED. Writer: agent (loader).
+ */
+#define MRC_ACL_RULES		16
+struct mrc_acl_rule {
+	__u8	family;		/* 0 any, 4, 6 */
+	__u8	proto;		/* 0 any, else the L4 protocol */
+	__u16	port_lo;	/* destination port range, host order; 0-0: any */
+	__u16	port_hi;
+	__u16	rsvd;
+	__be32	addr[4];	/* source prefix (IPv4 in [0]), masked */
+	__be32	mask[4];
+};
+
+struct mrc_acl {
+	__u32	n;		/* rules in use */
+	__u32	rsvd;
+	struct mrc_acl_rule rule[MRC_ACL_RULES];
 };
 
 #endif /* MRC_H */

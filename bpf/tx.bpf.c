@@ -176,6 +176,12 @@ static __always_inline __u32 tx_process(struct __sk_buff *skb, struct tx_out *ou
 			u.segs = 1;
 	}
 	u.tx_ts = (__u32)(now / 1000);
+	/* Auth: the inner block is read now, before adjust_room moves it. */
+	u.auth = auth_key(peer_idx);
+	if (u.auth) {
+		u.flags |= MRC_F_AUTH;
+		auth_inner(in.ip4, data_end, &u.ain);
+	}
 
 	/* 4. Feedback for the peer (feedback.h), and hedging: a unit on a
 	 * suspect path (or every unit, in duplicate-send mode) also goes
@@ -194,7 +200,8 @@ static __always_inline __u32 tx_process(struct __sk_buff *skb, struct tx_out *ou
 	if (encap_push(skb, path, &u, port, &seq->psn))
 		return MRC_R_TX_ENCAP_FAIL;
 	wire_bytes = skb->len + (__u64)(u.segs - 1) *
-				(ETH_HLEN + encap_overhead(path->family) + inner_hdrs);
+				(ETH_HLEN + encap_overhead(path->family) +
+				 encap_mac_len(&u) + inner_hdrs);
 	if (hedge >= 0)
 		path = hedge_send(skb, peer_idx, path, hedge, &u, port, wire_bytes);
 
