@@ -67,7 +67,6 @@ static __always_inline __u64 siphash24(__u64 k0, __u64 k1, const __u64 *m,
 	__u64 v3 = 0x7465646279746573ULL ^ k1;
 	__u32 i;
 
-#pragma unroll
 	for (i = 0; i < 8; i++) {
 		if (i >= nwords)
 			break;

@@ -117,6 +117,12 @@ def print_status(snap: dict, console: Console | None = None) -> None:
     console = console or Console()
     ov = snap.get("overlay", {})
     console.print(f"[bold]{ov.get('device', '?')}[/] {ov.get('address', '?')} mtu {ov.get('mtu')} "
-                  f"udp/{ov.get('udp_port')}  planes: {', '.join(p['device'] for p in snap.get('planes', []))}")
+                  f"udp/{ov.get('udp_port')}  planes: {', '.join(p['device'] for p in snap.get('planes', []))}"
+                  f"  auth: {', '.join(snap.get('auth', {}).get('peers', [])) or 'off'}")
+    # what reaches the stack from each plane besides MRC (bpf/acl.h)
+    for p in snap.get("planes", []):
+        allow = p.get("allow_underlay")
+        console.print(f"  {p['device']} allow_underlay: "
+                      + ("everything (no list)" if allow is None else "; ".join(allow)))
     for t in status_tables(snap):
         console.print(t)
