@@ -6,6 +6,7 @@ Every problem is reported as one ConfigError whose message names the key
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import hashlib
 import ipaddress
@@ -279,7 +280,19 @@ def load(path: str | pathlib.Path) -> Config:
         raise ConfigError("no such file") from None
     except OSError as e:
         raise ConfigError(f"cannot read: {e.strerror}") from None
-    return parse(raw, source=str(path.resolve()))
+    cfg = parse(raw, source=str(path.resolve()))
+    if cfg.auth:
+        # A new key in the same file is a change `up` must apply: fold the
+        # key files' contents (hashed; unreadable ones are preflight's to
+        # report) into the digest that tells `up` whether anything changed.
+        h = hashlib.sha256(cfg.digest.encode())
+        for name in sorted({cfg.key_file_of(p) for p in cfg.peers} - {None}):
+            try:
+                h.update(hashlib.sha256(pathlib.Path(name).read_bytes()).digest())
+            except OSError:
+                pass
+        cfg = dataclasses.replace(cfg, digest=h.hexdigest())
+    return cfg
 
 
 def parse(raw: bytes | str, source: str = "<string>") -> Config:

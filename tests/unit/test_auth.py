@@ -180,3 +180,53 @@ def test_agent_probe_frame_is_accepted(dp):
     before = dp.drops()
     ret, _ = dp.run_rx(bytes(f2))
     assert ret == XDP_DROP and drops_delta(before, dp.drops()) == {R.RX_BAD_MAC: 1}
+
+
+def test_key_files_and_the_overhead(tmp_path):
+    """security.key_file / peer.key_file: 32 hex digits, refused with a
+    clear error when other users may read it; the key never appears in a
+    message; the overhead (overlay MTU) grows by the MAC when auth is on."""
+    import os
+    from mrcctl.instance import config as cfgmod
+
+    base = ("[overlay]\naddress = \"10.9.0.1/24\"\n[[plane]]\ndevice = \"p0\"\n"
+            '[[peer]]\nname = "b"\noverlay = "10.9.0.2"\nunderlay = {p0 = "192.0.2.2"}\n{peer}\n{sec}')
+    k = tmp_path / "cluster.key"
+    k.write_text(KEY.hex() + "\n")
+    os.chmod(k, 0o600)
+    assert cfgmod.read_key("security.key_file", str(k)) == KEY
+    os.chmod(k, 0o640)
+    assert cfgmod.read_key("security.key_file", str(k)) == KEY, "group-readable is the operator's call"
+    os.chmod(k, 0o604)
+    try:
+        cfgmod.read_key("security.key_file", str(k))
+    except cfgmod.ConfigError as e:
+        msg = str(e)
+        assert "security.key_file" in msg and "every user" in msg and "chmod o-rwx" in msg, msg
+        assert KEY.hex() not in msg
+    else:
+        raise AssertionError("a world-readable key was accepted")
+    os.chmod(k, 0o600)
+    for text, want in (("abcd", "32 hex digits"), ("zz" * 16, "32 hex digits")):
+        k.write_text(text)
+        try:
+            cfgmod.read_key("security.key_file", str(k))
+        except cfgmod.ConfigError as e:
+            assert want in str(e) and text not in str(e)
+        else:
+            raise AssertionError(text)
+    try:
+        cfgmod.read_key("security.key_file", str(tmp_path / "none"))
+    except cfgmod.ConfigError as e:
+        assert "no such file" in str(e)
+
+    off = cfgmod.parse(base.replace("{peer}", "").replace("{sec}", ""))
+    on = cfgmod.parse(base.replace("{peer}", "").replace("{sec}", f'[security]\nkey_file = "{k}"'))
+    pair = cfgmod.parse(base.replace("{peer}", f'key_file = "{k}"').replace("{sec}", ""))
+    assert not off.auth and off.overhead() == wire.MRC_OVERHEAD_V4
+    assert on.auth and on.overhead() == wire.MRC_OVERHEAD_V4 + wire.MRC_AUTH_LEN
+    assert pair.auth and pair.key_file_of(pair.peers[0]) == str(k)
+    try:
+        cfgmod.parse(base.replace("{peer}", "").replace("{sec}", '[security]\nkey = "x"'))
+    except cfgmod.ConfigError as e:
+        assert "security.key: unknown key" in str(e)
