@@ -120,9 +120,13 @@ def print_status(snap: dict, console: Console | None = None) -> None:
                   f"udp/{ov.get('udp_port')}  planes: {', '.join(p['device'] for p in snap.get('planes', []))}"
                   f"  auth: {', '.join(snap.get('auth', {}).get('peers', [])) or 'off'}")
     # what reaches the stack from each plane besides MRC (bpf/acl.h)
-    for p in snap.get("planes", []):
-        allow = p.get("allow_underlay")
-        console.print(f"  {p['device']} allow_underlay: "
-                      + ("everything (no list)" if allow is None else "; ".join(allow)))
+    planes = snap.get("planes", [])
+    if all(p.get("allow_underlay") is None for p in planes):
+        console.print("  allow_underlay: everything on every plane (no lists)")
+    else:
+        for p in planes:
+            allow = p.get("allow_underlay")
+            console.print(f"  {p['device']} allow_underlay: "
+                          + ("everything (no list)" if allow is None else "; ".join(allow)))
     for t in status_tables(snap):
         console.print(t)

@@ -28,8 +28,9 @@ def test_auth_transfer_and_a_wrong_key_delivers_nothing(tmp_path):
     another key: what h0 sends it is dropped as a bad MAC, 0 delivered."""
     a, b = _key(tmp_path / "a.key", KEY_A), _key(tmp_path / "b.key", KEY_B)
     with Lab(tmp_path, hosts=3, planes=2, evs=2, prefix=f"mwa{os.getpid() % 1000}") as lab:
-        for i, key in ((0, a), (1, a), (2, b)):
-            lab.write_config(i, evs=2, extra=f'[security]\nkey_file = "{key}"')
+        # h1 and h2 know only h0: h1's counters see nothing of h2's key
+        for i, key, peers in ((0, a, [1, 2]), (1, a, [0]), (2, b, [0])):
+            lab.write_config(i, evs=2, peers=peers, extra=f'[security]\nkey_file = "{key}"')
         lab.up()
         send, recv = lab.transfer(0, 1, "16M")
         assert recv["bytes"] == send["bytes"] == 16 << 20
