@@ -146,6 +146,13 @@ BPF_PROG_TEST_RUN `repeat` = {res['packets']}, median of 5):
 Drops during the run: {res['drops_during_bench'] or 'none'} (every packet
 took the forwarding path).
 
+What it means: `mrc_rx` pays the difference per wire segment, `mrc_tx` per
+unit (a GSO unit of up to 64 KiB is one run). At 10 Gbit/s of 1448-byte
+segments (about 860 000 per second) the receive side spends about
+{res['rx_delta_ns'] * 0.86 / 10:.1f} % of one core of this machine on MACs. The
+hash itself is most of the difference; the rest is reading the inner block
+and the key.
+
 Per wire packet the MAC also costs 8 bytes: the overlay MTU shrinks by 8
 (1436 instead of 1444 on 1500-byte IPv4 planes), about 0.5 % of goodput at
 that MTU. A GSO unit is signed once in `mrc_tx` (the kernel copies header and
