@@ -202,12 +202,19 @@ def status_tables(snap: dict, view: str = "auto") -> list[Table]:
     return tables
 
 
+def _auth_text(peers: list[str]) -> str:
+    """The authenticated peers, named while few (a cluster key covers all)."""
+    if not peers:
+        return "off"
+    return ", ".join(peers) if len(peers) <= 3 else f"{len(peers)} peers"
+
+
 def print_status(snap: dict, console: Console | None = None, view: str = "auto") -> None:
     console = console or Console()
     ov = snap.get("overlay", {})
     console.print(f"[bold]{ov.get('device', '?')}[/] {ov.get('address', '?')} mtu {ov.get('mtu')} "
                   f"udp/{ov.get('udp_port')}  planes: {', '.join(p['device'] for p in snap.get('planes', []))}"
-                  f"  auth: {', '.join(snap.get('auth', {}).get('peers', [])) or 'off'}")
+                  f"  auth: {_auth_text(snap.get('auth', {}).get('peers', []))}")
     # what reaches the stack from each plane besides MRC (bpf/acl.h)
     planes = snap.get("planes", [])
     if all(p.get("allow_underlay") is None for p in planes):
