@@ -55,7 +55,7 @@ def preflight(cfg: cfgmod.Config, nl: topology.Netlink) -> tuple[list[PlaneRunti
     for peer in cfg.peers:
         if cfg.key_file_of(peer):
             try:
-                cfgmod.read_key("peer.key_file" if peer.key_file else "security.key_file",
+                cfgmod.read_key(f"peer[{peer.index}].key_file" if peer.key_file else "security.key_file",
                                 cfg.key_file_of(peer))
             except cfgmod.ConfigError as e:
                 raise InputError(str(e)) from None
