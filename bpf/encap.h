@@ -17,6 +17,7 @@
 #include "parsing.h"
 #include "csum.h"
 #include "mrc.h"
+#include "auth.h"
 
 #define MRC_TTL		64
 /* ver_type: MRC_VERSION in the high nibble, enum mrc_type in the low one */
@@ -36,6 +37,12 @@ struct mrc_unit {
 	__u16	epoch;
 	__u8	flags;
 	__u8	tos;		/* inner DSCP and ECN, copied to the outer header */
+	/* auth (bpf/auth.h): a copy of the key toward the peer (key.on 0: no
+	 * MAC) and the inner block it covers, taken before the headers move.
+	 * A copy, not the map pointer: NULL-or-pointer kept through the slot
+	 * walk split the verifier's states past its 1M-instruction limit. */
+	struct mrc_auth_key key;
+	struct mrc_auth_inner ain;
 };
 
 /* An MRC frame as mrc_rx sees it: outer headers, then the inner packet. */
@@ -46,11 +53,19 @@ struct mrc_frame {
 	struct udphdr	*udp;
 	struct mrc_hdr	*mh;
 	struct l3_desc	inner;
+	const struct mrc_auth_key *auth;	/* the peer's key, if auth is on */
+	__u32		mac_len;	/* 0 or MRC_AUTH_LEN, behind the MRC header */
 };
 
 static __always_inline __u32 encap_overhead(__u8 family)
 {
 	return family == 4 ? MRC_OVERHEAD_V4 : MRC_OVERHEAD_V6;
+}
+
+/* Bytes behind the MRC header: the MAC, when the unit is authenticated. */
+static __always_inline __u32 encap_mac_len(const struct mrc_unit *u)
+{
+	return u->key.on ? MRC_AUTH_LEN : 0;
 }
 
 static __always_inline void write_eth(struct ethhdr *eth,
@@ -163,6 +178,8 @@ static __always_inline int encap_write(struct __sk_buff *skb,
 		write_ipv4(oip, path, len - ETH_HLEN, u);
 		write_udp(udp, path->ev, port, len - ETH_HLEN - sizeof(*oip));
 		write_mrc(mh, MRC_T_DATA, u);
+		if (u->key.on)
+			return auth_sign(mh, data_end, &u->key, &u->ain);
 	} else {
 		struct ipv6hdr *oip6 = (void *)(eth + 1);
 		struct udphdr *udp = (void *)(oip6 + 1);
@@ -174,6 +191,8 @@ static __always_inline int encap_write(struct __sk_buff *skb,
 		write_ipv6(oip6, path, len - ETH_HLEN - sizeof(*oip6), u);
 		write_udp(udp, path->ev, port, len - ETH_HLEN - sizeof(*oip6));
 		write_mrc(mh, MRC_T_DATA, u);
+		if (u->key.on)
+			return auth_sign(mh, data_end, &u->key, &u->ain);
 	}
 	return 0;
 }
@@ -197,14 +216,16 @@ static __always_inline int encap_push(struct __sk_buff *skb,
 				      struct mrc_unit *u, __u16 port,
 				      __u64 *psn_next)
 {
+	/* The MAC counts as part of the "L2" header: segmentation copies it
+	 * into every segment with the MRC header it covers. */
 	__u64 flags = BPF_F_ADJ_ROOM_FIXED_GSO | BPF_F_ADJ_ROOM_ENCAP_L4_UDP |
-		      BPF_F_ADJ_ROOM_ENCAP_L2(MRC_HDR_LEN);
+		      BPF_F_ADJ_ROOM_ENCAP_L2(MRC_HDR_LEN + encap_mac_len(u));
 
 	long err;
 
 	flags |= path->family == 4 ? BPF_F_ADJ_ROOM_ENCAP_L3_IPV4 :
 				     BPF_F_ADJ_ROOM_ENCAP_L3_IPV6;
-	err = bpf_skb_adjust_room(skb, encap_overhead(path->family),
+	err = bpf_skb_adjust_room(skb, encap_overhead(path->family) + encap_mac_len(u),
 				  BPF_ADJ_ROOM_MAC, flags);
 	/* The inner packet is itself a tunnel's (VXLAN or Geneve from a
 	 * container network over the overlay): the skb describes one level
@@ -216,7 +237,7 @@ static __always_inline int encap_push(struct __sk_buff *skb,
 	if (err == -ENCAP_EALREADY) {
 		if (skb->gso_size)
 			return ENCAP_NESTED_GSO;
-		err = bpf_skb_adjust_room(skb, encap_overhead(path->family),
+		err = bpf_skb_adjust_room(skb, encap_overhead(path->family) + encap_mac_len(u),
 					  BPF_ADJ_ROOM_MAC, 0);
 	}
 	if (err)

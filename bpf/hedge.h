@@ -13,6 +13,7 @@
 #include <bpf/bpf_helpers.h>
 #include "mrc.h"
 #include "path.h"
+#include "config.h"
 #include "stats.h"
 #include "encap.h"
 
@@ -21,12 +22,18 @@
 
 /* A usable, not overdue path of the same family on another plane to carry
  * a copy of a unit sent on the suspect path `pid`; -1 if none nearby. */
-static __always_inline int hedge_partner(const struct mrc_config *cfg,
-					 __u32 peer_idx, __u32 n_paths,
-					 __u32 pid, const struct mrc_path *sus,
-					 __u64 now)
+/* A global function, verified once (see judge_pid); BPF functions take
+ * at most five arguments, so the suspect path's family and plane come as
+ * HEDGE_FP(family, plane). */
+#define HEDGE_FP(family, plane)	((__u32)(family) << 8 | (plane))
+__attribute__((noinline)) int hedge_partner(__u32 peer_idx, __u32 n_paths, __u32 pid,
+					    __u32 fp, __u64 now)
 {
-	__u32 i, q, idx;
+	struct mrc_config *cfg = cfg_get();
+	__u32 i, q, idx, family = fp >> 8, plane = fp & 0xff;
+
+	if (!cfg)
+		return -1;
 
 	for (i = 1; i <= HEDGE_SCAN; i++) {
 		struct mrc_path *p;
@@ -40,7 +47,7 @@ static __always_inline int hedge_partner(const struct mrc_config *cfg,
 		l = bpf_map_lookup_elem(&mrc_live, &idx);
 		if (!p || !l || !path_usable(p, l, idx))
 			continue;
-		if (p->family != sus->family || p->plane == sus->plane)
+		if (p->family != family || p->plane == plane)
 			continue;
 		/* a partner that is itself overdue would not help */
 		if (cfg->hedge_after_us && l->unacked_ns &&
@@ -82,7 +89,8 @@ hedge_send(struct __sk_buff *skb, __u32 peer_idx, struct mrc_path *a,
 		st->tx_bytes += wire_bytes;
 	}
 	HSTAT_INC(hedged);
-	if (bpf_skb_pull_data(skb, ETH_HLEN + encap_overhead(a->family)))
+	if (bpf_skb_pull_data(skb, ETH_HLEN + encap_overhead(a->family) +
+				   encap_mac_len(u)))
 		return a;
 	u->path_id = b_id;
 	if (encap_write(skb, b, u, port))

@@ -25,6 +25,7 @@
 #include "mrc.h"
 #include "path.h"
 #include "peer.h"
+#include "config.h"
 #include "stats.h"
 #include "events.h"
 
@@ -187,22 +188,32 @@ static __always_inline int health_judge(const struct mrc_config *cfg,
  * call it suspect (H_SUSPECT: usable, hedged if hedging is on). Returns the
  * path, its verdict in *verdict, or NULL.
  */
-static __always_inline struct mrc_path *
-judge_path(const struct mrc_config *cfg, const struct mrc_peer *peer,
-	   __u32 peer_idx, __u32 pid, __u32 n_paths, __u64 now, int *verdict)
+/* The verdict of judge_path() (H_UNUSABLE when the path may not carry the
+ * unit). A global function: the verifier checks the judgement once, not
+ * once per slot of the walk and per state reaching it (inlined, the walk
+ * took mrc_tx past the 1M-instruction verification limit). */
+__attribute__((noinline)) int judge_pid(__u32 peer_idx, __u32 pid, __u32 n_paths, __u64 now)
 {
 	__u32 idx = path_idx(peer_idx, pid);
+	struct mrc_config *cfg = cfg_get();
+	struct mrc_peer *peer = peer_get(peer_idx);
 	struct mrc_path *path;
 	struct mrc_path_live *live;
 
-	if (pid >= n_paths)
-		return NULL;
+	if (!cfg || !peer || pid >= n_paths)
+		return H_UNUSABLE;
 	path = bpf_map_lookup_elem(&mrc_paths, &idx);
 	live = bpf_map_lookup_elem(&mrc_live, &idx);
 	if (!path || !live || !path_allowed(path, idx))
-		return NULL;
-	*verdict = health_judge(cfg, peer, peer_idx, pid, live, now);
-	return *verdict >= 0 ? path : NULL;
+		return H_UNUSABLE;
+	return health_judge(cfg, peer, peer_idx, pid, live, now);
+}
+
+static __always_inline struct mrc_path *
+judge_path(__u32 peer_idx, __u32 pid, __u32 n_paths, __u64 now, int *verdict)
+{
+	*verdict = judge_pid(peer_idx, pid, n_paths, now);
+	return *verdict >= 0 ? path_cfg(peer_idx, pid) : NULL;
 }
 
 /*

@@ -35,6 +35,8 @@
  *   mrc_rx_epoch    epoch.h
  *   mrc_probe_nonce probe.h
  *   mrc_probe_rl    probe.h
+ *   mrc_auth        auth.h
+ *   mrc_acl         acl.h
  */
 #ifndef MRC_MAPS_H
 #define MRC_MAPS_H
@@ -51,5 +53,7 @@
 #include "reorder.h"
 #include "epoch.h"
 #include "probe.h"
+#include "auth.h"
+#include "acl.h"
 
 #endif /* MRC_MAPS_H */

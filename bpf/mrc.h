@@ -47,6 +47,7 @@ enum mrc_type {
 #define MRC_F_HEDGE	0x02	/* duplicate copy sent for hedging */
 #define MRC_F_IPID	0x04	/* non-TCP unit: seq0 holds the inner IPv4 ID of
 				 * its first segment, segment i carries ID + i */
+#define MRC_F_AUTH	0x08	/* a MRC_AUTH_LEN-byte MAC follows the header (bpf/auth.h) */
 
 /*
  * The MRC header follows the outer UDP header. One header covers one
@@ -114,7 +115,12 @@ enum mrc_reason {
 	MRC_R_RX_PROBE_LIMITED	= 24,	/* probe over its peer's per-plane reply rate */
 	MRC_R_TX_VLAN		= 25,	/* VLAN-tagged frame on the overlay device */
 	MRC_R_TX_NESTED_GSO	= 26,	/* GSO unit of a tunnel over the overlay */
-	MRC_R_MAX		= 27,
+	MRC_R_RX_NO_MAC		= 27,	/* auth on, frame carries no MAC */
+	MRC_R_RX_BAD_MAC	= 28,	/* MAC wrong (forged, other key), or a MAC
+					 * while auth is off here */
+	MRC_R_RX_UNDERLAY_REFUSED = 29,	/* non-MRC frame not in the plane's
+					 * allow_underlay (bpf/acl.h) */
+	MRC_R_MAX		= 30,
 };
 
 /* mrc_cfg: ARRAY[1], instance-wide settings the control plane may change
@@ -533,6 +539,60 @@ struct mrc_ctl_req {
 	__u32	peer;
 	__u32	path;
 	__u32	rsvd;
+};
+
+/*
+ * Authentication (bpf/auth.h), optional: with MRC_F_AUTH set, an 8-byte
+ * SipHash-2-4 MAC follows the MRC header. It covers the MRC header (flags
+ * included) and struct mrc_auth_inner, the part of the inner headers that
+ * every GSO segment of a unit shares (the kernel copies one MRC header and
+ * MAC into every segment, so per-segment fields like the inner TCP sequence
+ * or IP length cannot be covered). PROBE / PROBE_REPLY: an all-zero block.
+ * The MAC is the hash's 64-bit value, little-endian (as SipHash's reference).
+ */
+#define MRC_AUTH_LEN		8
+#define MRC_AUTH_MSG_LEN	48	/* MRC header + struct mrc_auth_inner */
+struct mrc_auth_inner {
+	__be32	saddr;		/* inner IPv4 source */
+	__be32	daddr;
+	__u8	proto;
+	__u8	rsvd[3];
+	__be16	sport;		/* TCP/UDP ports of an unfragmented or first */
+	__be16	dport;		/* fragment, else 0 */
+	__u32	rsvd2;
+};
+
+/* mrc_auth: ARRAY[MRC_MAX_PEERS], the key toward each peer (the cluster
+ * key, or a peer's own). Writer: agent (loader) only; never logged. */
+struct mrc_auth_key {
+	__u64	k0;		/* key bytes 0..7, little-endian */
+	__u64	k1;		/* key bytes 8..15 */
+	__u32	on;		/* 0: this peer is not authenticated */
+	__u32	rsvd;
+};
+
+/*
+ * Underlay access list (bpf/acl.h): mrc_acl, HASH plane ifindex -> struct
+ * mrc_acl. A plane without an entry passes every non-MRC frame, as without
+ * the list. With one, a non-MRC frame reaches the stack only if it is ARP,
+ * IPv6 neighbour discovery, or matches a rule; else it is dropped under
+ * MRC_R_RX_UNDERLAY_REFUSED. Writer: agent (loader).
+ */
+#define MRC_ACL_RULES		16
+struct mrc_acl_rule {
+	__u8	family;		/* 0 any, 4, 6 */
+	__u8	proto;		/* 0 any, else the L4 protocol */
+	__u16	port_lo;	/* destination port range, host order; 0-0: any */
+	__u16	port_hi;
+	__u16	rsvd;
+	__be32	addr[4];	/* source prefix (IPv4 in [0]), masked */
+	__be32	mask[4];
+};
+
+struct mrc_acl {
+	__u32	n;		/* rules in use */
+	__u32	rsvd;
+	struct mrc_acl_rule rule[MRC_ACL_RULES];
 };
 
 #endif /* MRC_H */

@@ -28,6 +28,7 @@
 #include "dedup.h"
 #include "epoch.h"
 #include "ecn.h"
+#include "acl.h"
 
 /* A probe reply: an RTT sample and maybe a recovery for our path. */
 static __always_inline __u32 rx_probe_reply(const struct mrc_config *cfg,
@@ -97,14 +98,28 @@ static __always_inline __u32 rx_process(void *data, void *data_end, __u32 ifinde
 	__u64 now = 0;
 	bool receipt, fresh;
 
+	f->auth = NULL;
+	f->mac_len = 0;
 	cfg = cfg_get();
 	if (!cfg)
 		return RX_PASS_UNCOUNTED;
 	v = rx_validate(data, data_end, ifindex, cfg_udp_port(cfg), f,
 			&peer_idx, &peer, &plane, &type);
+	/* Not mrc's: the plane's access list decides whether the stack
+	 * sees it (acl.h). */
+	if (RX_ACTION(v) == RX_PASS)
+		return acl_underlay(data, data_end, ifindex, v);
 	if (v != RX_CONTINUE_V)
 		return v;
 	mh = f->mh;
+
+	/* Auth before anything uses the header: a probe is not turned around
+	 * and no state moves for a frame without the peer's MAC (auth.h). */
+	v = auth_verify(mh, data_end, bpf_ntohs(f->udp->len), peer_idx, type,
+			&f->auth);
+	if (v)
+		return RX_V(RX_DROP, v);
+	f->mac_len = f->auth ? MRC_AUTH_LEN : 0;
 
 	/* Probes are answered whatever their path_id: it names a path of the
 	 * prober's and is only echoed back. */
@@ -136,7 +151,7 @@ static __always_inline __u32 rx_process(void *data, void *data_end, __u32 ifinde
 
 	/* DATA. The inner packet must be IPv4 (inner IPv6: parsing.h, and a
 	 * family-keyed owner map). */
-	nh.pos = mh + 1;
+	nh.pos = (void *)(mh + 1) + (f->mac_len & MRC_AUTH_LEN);
 	if (parse_l3(&nh, data_end, bpf_htons(ETH_P_IP), L3_F_IPV4, &f->inner) != L3_OK)
 		return RX_V(RX_DROP, MRC_R_RX_BAD_INNER);
 	/* Bound to the peer: its own inner source, our inner destination,
@@ -198,14 +213,21 @@ static __always_inline int rx_exit(struct xdp_md *ctx, struct mrc_frame *f, __u3
 	if (action == RX_DELIVER) {
 		/* a priority tag goes with the outer headers */
 		if (decap_xdp(ctx, f->l2_len - ETH_HLEN + f->l3.hdr_len +
-				   sizeof(struct udphdr) + sizeof(struct mrc_hdr),
+				   sizeof(struct udphdr) + sizeof(struct mrc_hdr) + f->mac_len,
 			      l3_ethertype(&f->inner))) {
 			reason = MRC_R_RX_DECAP_FAIL;
 			ret = XDP_DROP;
 		}
 	} else if (action == RX_TURN_AROUND) {
+		struct mrc_auth_inner ai = {};
+
 		encap_turn_around(f);
 		ret = XDP_TX;
+		/* The reply's type is covered: sign it anew. auth_verify saw
+		 * the MAC in the frame, so this cannot fail. */
+		if (f->auth && auth_sign(f->mh, (void *)(long)ctx->data_end,
+					 f->auth, &ai))
+			ret = XDP_DROP;
 	} else if (action == RX_DROP) {
 		ret = XDP_DROP;
 	}

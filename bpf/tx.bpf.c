@@ -74,6 +74,7 @@ static __always_inline __u32 tx_process(struct __sk_buff *skb, struct tx_out *ou
 	struct mrc_path *path = NULL;
 	struct mrc_path_stats *st;
 	struct mrc_unit u = {};
+	const struct mrc_auth_key *akey;
 	struct spray_state sp;
 	__u32 peer_idx, n_paths, n, start, i, inner_hdrs, len;
 	__u64 now, wire_bytes;
@@ -134,8 +135,7 @@ static __always_inline __u32 tx_process(struct __sk_buff *skb, struct tx_out *ou
 	 * most recently, if usable: a resend sprayed onto a plane that has
 	 * just failed would be lost again (retx.h). */
 	if (retx && seq->ack_max_ns) {
-		path = judge_path(cfg, peer, peer_idx, seq->ack_max_path,
-				  n_paths, now, &verdict);
+		path = judge_path(peer_idx, seq->ack_max_path, n_paths, now, &verdict);
 		if (path) {
 			u.path_id = seq->ack_max_path;	/* no slot walk below */
 			steered = true;
@@ -146,8 +146,7 @@ static __always_inline __u32 tx_process(struct __sk_buff *skb, struct tx_out *ou
 		__u32 s = (start + i) % n;
 		__u32 pid = slots->slot[s & (MRC_SLOTS - 1)];
 
-		path = judge_path(cfg, peer, peer_idx, pid, n_paths, now,
-				  &verdict);
+		path = judge_path(peer_idx, pid, n_paths, now, &verdict);
 		if (path) {
 			u.path_id = pid;
 			spray_used(&sp, s);
@@ -199,6 +198,13 @@ static __always_inline __u32 tx_process(struct __sk_buff *skb, struct tx_out *ou
 	}
 	u.tx_ts = (__u32)(now / 1000);
 	u.epoch = (__u16)cfg->epoch;
+	/* Auth: the inner block is read now, before adjust_room moves it. */
+	akey = auth_key(peer_idx);
+	if (akey) {
+		u.key = *akey;
+		u.flags |= MRC_F_AUTH;
+		auth_inner(in.ip4, data_end, &u.ain);
+	}
 
 	/* 4. Feedback for the peer (feedback.h), and hedging: a unit on a
 	 * suspect path (or every unit, in duplicate-send mode) also goes
@@ -206,7 +212,8 @@ static __always_inline __u32 tx_process(struct __sk_buff *skb, struct tx_out *ou
 	feedback_pick(seq, peer_idx, n_paths, now, &u);
 	if ((cfg->flags & MRC_CFG_HEDGE_ALL) ||
 	    (verdict == H_SUSPECT && (cfg->flags & MRC_CFG_HEDGE))) {
-		hedge = hedge_partner(cfg, peer_idx, n_paths, u.path_id, path, now);
+		hedge = hedge_partner(peer_idx, n_paths, u.path_id,
+				      HEDGE_FP(path->family, path->plane), now);
 		if (hedge >= 0)
 			u.flags |= MRC_F_HEDGE;
 	}
@@ -220,7 +227,8 @@ static __always_inline __u32 tx_process(struct __sk_buff *skb, struct tx_out *ou
 	if (err)
 		return MRC_R_TX_ENCAP_FAIL;
 	wire_bytes = skb->len + (__u64)(u.segs - 1) *
-				(ETH_HLEN + encap_overhead(path->family) + inner_hdrs);
+				(ETH_HLEN + encap_overhead(path->family) +
+				 encap_mac_len(&u) + inner_hdrs);
 	if (hedge >= 0)
 		path = hedge_send(skb, peer_idx, path, hedge, &u, port, wire_bytes);
 

@@ -33,8 +33,9 @@ import struct
 import time
 from dataclasses import dataclass, field
 
-from ..datapath import abi as wire
+from ..datapath import abi as wire, auth
 from ..datapath.libbpf import RingBuffer
+from ..errors import MrcError
 from ..instance.events import EventLog, event_record, events_path
 from ..instance.slots import rebuild_slots
 from . import loop as agentmod
@@ -70,11 +71,15 @@ PROBE_LOSS_REASON = "probe_loss"
 # ------------------------------------------------------------------ probes
 
 
-def probe_frame(path: wire.Path, path_id: int, udp_port: int) -> bytearray:
+def probe_frame(path: wire.Path, path_id: int, udp_port: int, auth: bool = False) -> bytearray:
     """Ethernet + IP + UDP + MRC PROBE for one path; the MRC header's psn
     (probe sequence) and tx_ts are patched per probe (PROBE_PSN_OFF/TS_OFF
-    from the end)."""
-    mrc = wire.encode_mrc_hdr(wire.MsgType.PROBE, path_id=path_id)
+    from the header's end). With auth the MAC slot follows the header,
+    signed per probe (sign_probe)."""
+    mrc = wire.encode_mrc_hdr(wire.MsgType.PROBE, path_id=path_id,
+                              flags=wire.MRC_F_AUTH if auth else 0)
+    if auth:
+        mrc += bytes(wire.MRC_AUTH_LEN)
     udp = struct.pack("!HHHH", path.ev, udp_port, 8 + len(mrc), 0)
     if path.family == 4:
         ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(udp) + len(mrc), 0, 0x4000, 64, 17, 0,
@@ -92,6 +97,14 @@ def probe_frame(path: wire.Path, path_id: int, udp_port: int) -> bytearray:
 
 _LIVE_AT = wire.PathLive.offsets()
 _U32, _U64 = struct.Struct("=I"), struct.Struct("=Q")
+
+
+def sign_probe(frame: bytearray, key: bytes) -> None:
+    """Write the MAC of a probe frame ending in MRC header + MAC slot
+    (bpf/auth.h: the header and a zero inner block)."""
+    n = len(frame) - wire.MRC_AUTH_LEN
+    frame[n:] = auth.mac(key, bytes(frame[n - wire.MRC_HDR_LEN:n]))
+
 
 # offsets of psn and tx_ts inside the MRC header (which ends the frame)
 _PSN_OFF = wire.MRC_HDR_LEN - 4
@@ -113,6 +126,7 @@ class ProbePath:
     sent: int = 0
     last_ns: int = 0                          # when it was last probed
     nonces: wire.ProbeNonce | None = None     # outstanding probes (mrc_probe_nonce)
+    auth_key: bytes | None = None             # auth key toward the peer (mrc_auth), if on
 
 
 @dataclass
@@ -162,6 +176,7 @@ class Prober:
         """(Re)build frames from mrc_paths: MACs may change (neighbours)."""
         old = {(p.peer, p.path): p for p in self.paths}
         out = []
+        keys = self._auth_keys()
         for peer, path, key, ent in self.agent.path_entries():
             prev = old.get((peer.index, path.id))
             if ent.dmac == "00:00:00:00:00:00":
@@ -172,11 +187,12 @@ class Prober:
                 if prev is not None:
                     out.append(prev)
                 continue
-            if prev is not None and prev.ent == ent:
+            akey = keys.get(peer.index)
+            if prev is not None and prev.ent == ent and prev.auth_key == akey:
                 out.append(prev)        # unchanged: no new frame
                 continue
             pp = ProbePath(peer.index, path.id, key, path.plane.device,
-                           probe_frame(ent, path.id, self.cfg.udp_port), ent)
+                           probe_frame(ent, path.id, self.cfg.udp_port, akey is not None), ent, auth_key=akey)
             if prev is not None:
                 pp.seq, pp.sent, pp.nonces, pp.last_ns = prev.seq, prev.sent, prev.nonces, prev.last_ns
             out.append(pp)
@@ -186,6 +202,21 @@ class Prober:
         self.by_peer = {}
         for pp in out:
             self.by_peer.setdefault(pp.peer, []).append(pp)
+
+    def _auth_keys(self) -> dict[int, bytes]:
+        """The keys the loader wrote (mrc_auth): the agent signs with what
+        the datapath checks, and never reads the key files itself."""
+        out = {}
+        try:
+            m = self.agent.dp.map("mrc_auth")
+        except (KeyError, MrcError):      # a datapath before issue #13.9
+            return out
+        for peer in self.cfg.peers:
+            raw = m.lookup(wire.u32(peer.index))
+            k = wire.AuthKey.unpack(raw).key if raw else None
+            if k is not None:
+                out[peer.index] = k
+        return out
 
     def _open(self, dev: str) -> None:
         s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)   # protocol 0: send only
@@ -268,7 +299,7 @@ class Prober:
     def _send(self, pp: ProbePath, nonce_m) -> None:
         pp.seq = (pp.seq + 1) & 0xFFFFFFFF
         f = pp.frame
-        n = len(f)
+        n = len(f) - (wire.MRC_AUTH_LEN if pp.auth_key else 0)
         struct.pack_into("!I", f, n - _PSN_OFF, pp.seq)
         struct.pack_into("!I", f, n - _TS_OFF, (time.monotonic_ns() // 1000) & 0xFFFFFFFF)
         # An unpredictable nonce per probe, known to rx before the probe
@@ -280,6 +311,8 @@ class Prober:
         if pp.nonces is None:
             pp.nonces = wire.ProbeNonce()
         pp.nonces.add(pp.seq, nonce)
+        if pp.auth_key:
+            sign_probe(f, pp.auth_key)
         try:
             nonce_m.update(pp.key, pp.nonces.pack())
         except OSError:

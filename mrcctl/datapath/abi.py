@@ -43,6 +43,10 @@ MRC_PATH_HIST = 8           # per path reorder-distance histogram (log2)
 MRC_F_FEEDBACK = 0x01
 MRC_F_HEDGE = 0x02
 MRC_F_IPID = 0x04
+MRC_F_AUTH = 0x08           # an MRC_AUTH_LEN-byte MAC follows the header (bpf/auth.h)
+MRC_AUTH_LEN = 8
+MRC_AUTH_MSG_LEN = 48       # what the MAC covers: MRC header + struct mrc_auth_inner
+MRC_ACL_RULES = 16          # allow_underlay rules per plane (bpf/acl.h)
 
 MRC_HDR_LEN = 28
 MRC_OVERHEAD_V4 = 20 + 8 + MRC_HDR_LEN
@@ -131,6 +135,9 @@ class Reason(_LabelEnum):
     RX_PROBE_LIMITED = 24
     TX_VLAN = 25
     TX_NESTED_GSO = 26
+    RX_NO_MAC = 27
+    RX_BAD_MAC = 28
+    RX_UNDERLAY_REFUSED = 29
 
     @property
     def is_drop(self) -> bool:
@@ -150,7 +157,7 @@ def reason_is_drop(label: str) -> bool:
     return "probe" not in label
 
 
-MRC_R_MAX = 27
+MRC_R_MAX = 30
 
 
 class EvReason(_LabelEnum):
@@ -192,6 +199,10 @@ def c_constants() -> dict[str, int]:
         "MRC_F_FEEDBACK": MRC_F_FEEDBACK,
         "MRC_F_HEDGE": MRC_F_HEDGE,
         "MRC_F_IPID": MRC_F_IPID,
+        "MRC_F_AUTH": MRC_F_AUTH,
+        "MRC_AUTH_LEN": MRC_AUTH_LEN,
+        "MRC_AUTH_MSG_LEN": MRC_AUTH_MSG_LEN,
+        "MRC_ACL_RULES": MRC_ACL_RULES,
         "MRC_HDR_LEN": MRC_HDR_LEN,
         "MRC_OVERHEAD_V4": MRC_OVERHEAD_V4,
         "MRC_OVERHEAD_V6": MRC_OVERHEAD_V6,
@@ -742,11 +753,82 @@ class TxFlows(_Struct):
     LAYOUT: ClassVar = (("hi", f"{MRC_TX_FLOWS * 8}s"),)
 
 
+@_struct
+class AuthInner(_Struct):
+    """struct mrc_auth_inner: the inner headers a MAC covers (network order)."""
+    C_NAME: ClassVar[str] = "mrc_auth_inner"
+    ORDER: ClassVar[str] = "!"
+    LAYOUT: ClassVar = (("saddr", "4s"), ("daddr", "4s"), ("proto", "B"), ("rsvd", "3s"),
+                        ("sport", "H"), ("dport", "H"), ("rsvd2", "I"))
+
+    @classmethod
+    def of_inner(cls, ip: bytes) -> "AuthInner":
+        """As bpf/auth.h auth_inner() reads an inner IPv4 packet."""
+        if len(ip) < 20 or ip[0] >> 4 != 4 or ip[0] & 15 < 5:
+            return cls()
+        ai = cls(saddr=ip[12:16], daddr=ip[16:20], proto=ip[9])
+        ihl = (ip[0] & 15) * 4
+        frag = struct.unpack("!H", ip[6:8])[0] & 0x1FFF
+        if ip[9] in (6, 17) and not frag and len(ip) >= ihl + 4:
+            ai.sport, ai.dport = struct.unpack("!HH", ip[ihl:ihl + 4])
+        return ai
+
+
+@_struct
+class AuthKey(_Struct):
+    """struct mrc_auth_key (mrc_auth[peer])."""
+    C_NAME: ClassVar[str] = "mrc_auth_key"
+    LAYOUT: ClassVar = (("k0", "Q"), ("k1", "Q"), ("on", "I"), ("rsvd", "I"))
+
+    @classmethod
+    def of(cls, key: bytes | None) -> "AuthKey":
+        if key is None:
+            return cls()
+        if len(key) != 16:
+            raise ValueError("an auth key is 16 bytes")
+        return cls(k0=int.from_bytes(key[:8], "little"), k1=int.from_bytes(key[8:], "little"), on=1)
+
+    @property
+    def key(self) -> bytes | None:
+        return self.k0.to_bytes(8, "little") + self.k1.to_bytes(8, "little") if self.on else None
+
+
+@_struct
+class AclRule(_Struct):
+    """struct mrc_acl_rule: family (0 any), proto (0 any), destination port
+    range (0-0 any), source prefix as masked address and mask (16 bytes each,
+    network order, IPv4 in the first 4)."""
+    C_NAME: ClassVar[str] = "mrc_acl_rule"
+    LAYOUT: ClassVar = (("family", "B"), ("proto", "B"), ("port_lo", "H"), ("port_hi", "H"),
+                        ("rsvd", "H"), ("addr", "16s"), ("mask", "16s"))
+
+
+@_struct
+class Acl(_Struct):
+    """struct mrc_acl (mrc_acl[plane ifindex]): n rules in use."""
+    C_NAME: ClassVar[str] = "mrc_acl"
+    LAYOUT: ClassVar = (("n", "I"), ("rsvd", "I"),
+                        ("rule", f"{MRC_ACL_RULES * AclRule.size()}s"))
+
+    @classmethod
+    def of(cls, rules: list[AclRule]) -> "Acl":
+        if len(rules) > MRC_ACL_RULES:
+            raise ValueError(f"at most {MRC_ACL_RULES} rules")
+        raw = b"".join(r.pack() for r in rules)
+        return cls(n=len(rules), rule=raw + bytes(MRC_ACL_RULES * AclRule.size() - len(raw)))
+
+    def rules(self) -> list[AclRule]:
+        n, sz = min(self.n, MRC_ACL_RULES), AclRule.size()
+        return [AclRule.unpack(self.rule[i * sz:(i + 1) * sz]) for i in range(n)]
+
+
 ALL_STRUCTS: tuple[type[_Struct], ...] = (
     MrcHdr, Config, Peer, Slots, Path, PathLive, PeerSeq, PathStats, RxKey, RxPeer,
     RxWin, Reorder, FlowletKey, Flowlet, PathDelay, OvlKey, ProbeNonce)
 # path health (bpf/judge.h, bpf/evidence.h)
 ALL_STRUCTS += (Event, HealthStats, Dedup, TxFlows)
+# issue #13.9 / #13.10: bpf/auth.h, bpf/acl.h
+ALL_STRUCTS += (AuthInner, AuthKey, AclRule, Acl)
 
 
 @_struct

@@ -6,6 +6,7 @@ Every problem is reported as one ConfigError whose message names the key
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import hashlib
 import ipaddress
@@ -27,11 +28,54 @@ class ConfigError(ValueError):
 
 
 @dataclass(frozen=True)
+class AclEntry:
+    """One allow_underlay entry: frames matching every term it has pass."""
+    text: str                                  # as written, normalised
+    family: int = 0                            # 0: any
+    proto: int = 0                             # 0: any
+    port_lo: int = 0                           # destination port range; 0-0: any
+    port_hi: int = 0
+    prefix: ipaddress.IPv4Network | ipaddress.IPv6Network | None = None   # source
+
+    def rule(self) -> wire.AclRule:
+        """The mrc_acl rule the datapath matches (bpf/acl.h)."""
+        addr = mask = bytes(16)
+        if self.prefix is not None:
+            n = self.prefix.network_address.packed
+            m = self.prefix.netmask.packed
+            addr, mask = n + bytes(16 - len(n)), m + bytes(16 - len(m))
+        return wire.AclRule(family=self.family, proto=self.proto, port_lo=self.port_lo,
+                            port_hi=self.port_hi, addr=addr, mask=mask)
+
+
+def acl_rule_text(r: wire.AclRule) -> str:
+    """An mrc_acl rule as allow_underlay syntax (what `status` shows: the
+    list the datapath holds, not the config's)."""
+    terms = []
+    if any(r.mask):
+        size = 4 if r.family == 4 else 16
+        plen = sum(bin(b).count("1") for b in r.mask[:size])
+        addr = ipaddress.ip_address(r.addr[:size])
+        terms.append(f"{addr}/{plen}")
+    if r.proto:
+        name = next((n for n, (v, _f) in ACL_PROTOS.items() if v == r.proto), f"proto/{r.proto}")
+        if r.port_hi:
+            name += f"/{r.port_lo}" + (f"-{r.port_hi}" if r.port_hi != r.port_lo else "")
+        terms.append(name)
+    elif r.family and not terms:
+        terms.append(f"ipv{r.family}")
+    return " ".join(terms) or "any"
+
+
+@dataclass(frozen=True)
 class Plane:
     index: int
     device: str
     weight: int = 1
     address: ipaddress.IPv4Address | ipaddress.IPv6Address | None = None
+    # None: every non-MRC frame reaches the stack (the default); a tuple
+    # (maybe empty): only ARP, IPv6 ND and these (bpf/acl.h)
+    allow_underlay: tuple[AclEntry, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -67,6 +111,8 @@ class Peer:
     # flowlet spray: idle gap (µs) after which a flow may change path;
     # 0 = adaptive (the agent derives it from the paths' RTT spread)
     flowlet_gap_us: int = 0
+    # peer.key_file: a key for this peer pair instead of security.key_file
+    key_file: str | None = None
 
 
 WEIGHT_MODES = ("fixed", "adaptive")
@@ -120,6 +166,16 @@ class Config:
     # overlay.gso_max_size: largest GSO unit TCP may hand the overlay, i.e. the
     # largest spraying unit (None: spray_unit() picks one)
     gso_max_size: int | None = None
+    # [security] key_file: the cluster key (None: no authentication)
+    key_file: str | None = None
+
+    def key_file_of(self, peer: "Peer") -> str | None:
+        """The key file authenticating traffic with a peer, if any."""
+        return peer.key_file or self.key_file
+
+    @property
+    def auth(self) -> bool:
+        return any(self.key_file_of(p) for p in self.peers)
 
     def spray_unit(self) -> int:
         """The overlay's gso_max_size. Default 64 KiB / planes, at least
@@ -149,8 +205,10 @@ class Config:
         return {a.version for peer in self.peers for a in peer.underlay.values()}
 
     def overhead(self) -> int:
-        """Encapsulation bytes added to every packet (largest underlay family)."""
-        return wire.MRC_OVERHEAD_V6 if 6 in self.families() else wire.MRC_OVERHEAD_V4
+        """Encapsulation bytes added to every packet (largest underlay family,
+        and the MAC when any peer is authenticated)."""
+        base = wire.MRC_OVERHEAD_V6 if 6 in self.families() else wire.MRC_OVERHEAD_V4
+        return base + (wire.MRC_AUTH_LEN if self.auth else 0)
 
 
 # ---------------------------------------------------------------- parsing helpers
@@ -227,7 +285,19 @@ def load(path: str | pathlib.Path) -> Config:
         raise ConfigError("no such file") from None
     except OSError as e:
         raise ConfigError(f"cannot read: {e.strerror}") from None
-    return parse(raw, source=str(path.resolve()))
+    cfg = parse(raw, source=str(path.resolve()))
+    if cfg.auth:
+        # A new key in the same file is a change `up` must apply: fold the
+        # key files' contents (hashed; unreadable ones are preflight's to
+        # report) into the digest that tells `up` whether anything changed.
+        h = hashlib.sha256(cfg.digest.encode())
+        for name in sorted({cfg.key_file_of(p) for p in cfg.peers} - {None}):
+            try:
+                h.update(hashlib.sha256(pathlib.Path(name).read_bytes()).digest())
+            except OSError:
+                pass
+        cfg = dataclasses.replace(cfg, digest=h.hexdigest())
+    return cfg
 
 
 def parse(raw: bytes | str, source: str = "<string>") -> Config:
@@ -244,7 +314,7 @@ def parse(raw: bytes | str, source: str = "<string>") -> Config:
 
 
 def _build(doc: dict, source: str, digest: str) -> Config:
-    _check_keys("", doc, {"overlay", "plane", "peer", "health", "metrics", "weights"})
+    _check_keys("", doc, {"overlay", "plane", "peer", "health", "metrics", "weights", "security"})
 
     overlay = _typed("overlay", doc.get("overlay", None) or {}, dict)
     if "overlay" not in doc:
@@ -278,7 +348,7 @@ def _build(doc: dict, source: str, digest: str) -> Config:
     for i, p in enumerate(planes_raw):
         where = f"plane[{i}]"
         p = _typed(where, p, dict)
-        _check_keys(where, p, {"device", "weight", "address"})
+        _check_keys(where, p, {"device", "weight", "address", "allow_underlay"})
         if "device" not in p:
             raise ConfigError(f"{where}.device: missing")
         dev = _ifname(f"{where}.device", p["device"])
@@ -288,7 +358,9 @@ def _build(doc: dict, source: str, digest: str) -> Config:
             raise ConfigError(f"{where}.device: duplicate plane {dev!r}")
         weight = _int_in(f"{where}.weight", p.get("weight", 1), 0, 1000)
         address = _ip(f"{where}.address", p["address"]) if "address" in p else None
-        planes.append(Plane(index=i, device=dev, weight=weight, address=address))
+        acl = _allow_underlay(f"{where}.allow_underlay", p["allow_underlay"]) \
+            if "allow_underlay" in p else None
+        planes.append(Plane(index=i, device=dev, weight=weight, address=address, allow_underlay=acl))
 
     health = _health(doc.get("health", {}))
 
@@ -304,7 +376,109 @@ def _build(doc: dict, source: str, digest: str) -> Config:
                   mtu=mtu, udp_port=udp_port, planes=tuple(planes), peers=tuple(peers), health=health,
                   metrics_listen=_metrics(doc.get("metrics", {})),
                   metrics_per_path=_metrics_per_path(doc.get("metrics", {})),
-                  weights=_weights(doc.get("weights", {})), gso_max_size=gso_max_size)
+                  weights=_weights(doc.get("weights", {})), gso_max_size=gso_max_size,
+                  key_file=_security(doc.get("security", {})))
+
+
+def _key_file_name(where: str, value) -> str:
+    value = _typed(where, value, str)
+    if not value:
+        raise ConfigError(f"{where}: empty")
+    return value
+
+
+def _security(sec) -> str | None:
+    sec = _typed("security", sec, dict)
+    _check_keys("security", sec, {"key_file"})
+    return _key_file_name("security.key_file", sec["key_file"]) if "key_file" in sec else None
+
+
+KEY_LEN = 16
+
+
+def read_key(where: str, path: str) -> bytes:
+    """A key file: 32 hex digits (16 bytes, e.g. `openssl rand -hex 16`),
+    readable by nobody but its owner and group. The key itself never
+    appears in a message."""
+    import os
+    import stat
+    try:
+        st = os.stat(path)
+        if st.st_mode & stat.S_IRWXO:
+            raise ConfigError(f"{where}: {path} is accessible to every user (mode "
+                              f"{stat.S_IMODE(st.st_mode):04o}); a key must not be: chmod o-rwx {path}")
+        text = pathlib.Path(path).read_text().strip()
+    except FileNotFoundError:
+        raise ConfigError(f"{where}: {path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{where}: {path}: cannot read: {getattr(e, 'strerror', None) or e}") from None
+    if not re.fullmatch(r"[0-9A-Fa-f]{%d}" % (2 * KEY_LEN), text):
+        raise ConfigError(f"{where}: {path} must hold {2 * KEY_LEN} hex digits ({KEY_LEN} bytes, e.g. "
+                          f"`openssl rand -hex {KEY_LEN}`)")
+    return bytes.fromhex(text)
+
+
+# allow_underlay protocol names; icmp / icmpv6 also fix the family
+ACL_PROTOS = {"icmp": (1, 4), "icmpv6": (58, 6), "tcp": (6, 0), "udp": (17, 0), "sctp": (132, 0),
+              "gre": (47, 0), "esp": (50, 0), "ospf": (89, 0), "vrrp": (112, 0)}
+
+
+def _acl_entry(where: str, text: str) -> AclEntry:
+    """One entry: whitespace-separated terms, each at most once: a source
+    prefix (\"192.0.2.0/24\", an address is a /32 or /128), a protocol
+    (a name of ACL_PROTOS or proto/NUMBER), optionally with a destination port
+    or range (\"tcp/22\", \"udp/4000-4100\")."""
+    terms = text.split()
+    if not terms:
+        raise ConfigError(f"{where}: empty entry")
+    family = proto = lo = hi = 0
+    prefix = None
+    for t in terms:
+        if t[0].isdigit() or ":" in t:
+            if prefix is not None:
+                raise ConfigError(f"{where}: {text!r} names two prefixes")
+            try:
+                prefix = ipaddress.ip_network(t, strict=False)
+            except ValueError:
+                raise ConfigError(f"{where}: {t!r} is not an address or prefix") from None
+            continue
+        if proto:
+            raise ConfigError(f"{where}: {text!r} names two protocols")
+        name, _, port = t.lower().partition("/")
+        if name == "proto":
+            if not port.isdigit() or not 1 <= int(port) <= 255:
+                raise ConfigError(f"{where}: {t!r}: proto/NUMBER needs 1..255")
+            proto, port = int(port), ""
+        elif name in ACL_PROTOS:
+            proto, family = ACL_PROTOS[name][0], ACL_PROTOS[name][1] or family
+        else:
+            raise ConfigError(f"{where}: {t!r} is not a prefix or one of "
+                              f"{', '.join(ACL_PROTOS)}, proto/NUMBER")
+        if port:
+            if proto not in (6, 17):
+                raise ConfigError(f"{where}: {t!r}: ports only with tcp or udp")
+            m = re.fullmatch(r"(\d{1,5})(?:-(\d{1,5}))?", port)
+            lo = int(m.group(1)) if m else 0
+            hi = int(m.group(2) or lo) if m else 0
+            if not m or not 1 <= lo <= hi <= 65535:
+                raise ConfigError(f"{where}: {t!r}: the port must be 1..65535 or a range LO-HI")
+    if prefix is not None:
+        if family and family != prefix.version:
+            raise ConfigError(f"{where}: {text!r}: {prefix} is IPv{prefix.version}")
+        family = prefix.version
+    norm = " ".join(x for x in (str(prefix) if prefix else "",
+                                 next((n for n, (v, _f) in ACL_PROTOS.items() if v == proto), f"proto/{proto}")
+                                 if proto else "") if x)
+    if lo:
+        norm += f"/{lo}" + (f"-{hi}" if hi != lo else "")
+    return AclEntry(text=norm, family=family, proto=proto, port_lo=lo, port_hi=hi, prefix=prefix)
+
+
+def _allow_underlay(where: str, value) -> tuple[AclEntry, ...]:
+    value = _typed(where, value, list)
+    if len(value) > wire.MRC_ACL_RULES:
+        raise ConfigError(f"{where}: {len(value)} entries, at most {wire.MRC_ACL_RULES}")
+    return tuple(_acl_entry(f"{where}[{i}]", _typed(f"{where}[{i}]", e, str)) for i, e in enumerate(value))
 
 
 def _weights(w) -> Weights:
@@ -394,7 +568,7 @@ def _peer_conflicts(peers: list[Peer], udp_port: int) -> None:
 def _peer(i: int, p: dict, planes: list[Plane], ov_addr, seen: list[Peer]) -> Peer:
     where = f"peer[{i}]"
     _check_keys(where, p, {"name", "overlay", "evs_per_plane", "ev_base", "spray", "min_active", "underlay",
-                           "flowlet_gap_us"})
+                           "flowlet_gap_us", "key_file"})
     if "name" not in p:
         raise ConfigError(f"{where}.name: missing")
     name = _typed(f"{where}.name", p["name"], str)
@@ -458,4 +632,5 @@ def _peer(i: int, p: dict, planes: list[Plane], ov_addr, seen: list[Peer]) -> Pe
             paths.append(Path(id=pid, plane=plane, ev_index=e, ev=ev_base + pid,
                               remote=underlay[plane.device], weight=plane.weight))
     return Peer(index=i, name=name, overlay=overlay, evs_per_plane=evs, ev_base=ev_base, spray=spray,
-                min_active=min_active, underlay=underlay, paths=tuple(paths), flowlet_gap_us=gap)
+                min_active=min_active, underlay=underlay, paths=tuple(paths), flowlet_gap_us=gap,
+                key_file=_key_file_name(f"{where}.key_file", p["key_file"]) if "key_file" in p else None)

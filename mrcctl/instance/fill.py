@@ -68,6 +68,8 @@ def fill_maps(dp: Datapath, cfg: cfgmod.Config, planes: list[PlaneRuntime], over
         peer_ip.update(ip_key, wire.u32(peer.index))
         wanted_ip.add(ip_key)
     _fill_owners(dp, cfg)
+    _fill_auth(dp, cfg)
+    _fill_acl(dp, cfg, planes)
     # Peers and sources no longer in the config stop being accepted.
     for key in rx_peers.keys():
         if key not in wanted_rx:
@@ -177,3 +179,29 @@ def _fill_owners(dp: Datapath, cfg: cfgmod.Config) -> None:
     for key in owners.keys():
         if key not in wanted:
             owners.delete(key)
+
+
+def _fill_auth(dp: Datapath, cfg: cfgmod.Config) -> None:
+    """mrc_auth: each peer's key (the cluster key or its own), or off. The
+    loader is the only writer; the key goes nowhere else (no log, no
+    state record)."""
+    auth = dp.map("mrc_auth")
+    for i in range(wire.MRC_MAX_PEERS):
+        key = None
+        if i < len(cfg.peers) and cfg.key_file_of(cfg.peers[i]):
+            key = cfgmod.read_key("security.key_file", cfg.key_file_of(cfg.peers[i]))
+        auth.update(wire.u32(i), wire.AuthKey.of(key).pack())
+
+
+def _fill_acl(dp: Datapath, cfg: cfgmod.Config, planes: list[PlaneRuntime]) -> None:
+    """mrc_acl: each plane's allow_underlay; no entry where there is none."""
+    acl = dp.map("mrc_acl")
+    wanted = {}
+    for rt in planes:
+        if rt.plane.allow_underlay is not None:
+            wanted[wire.u32(rt.ifindex)] = wire.Acl.of([e.rule() for e in rt.plane.allow_underlay]).pack()
+    for key, val in wanted.items():
+        acl.update(key, val)
+    for key in acl.keys():
+        if key not in wanted:
+            acl.delete(key)

@@ -50,6 +50,15 @@ def preflight(cfg: cfgmod.Config, nl: topology.Netlink) -> tuple[list[PlaneRunti
                                  f"of plane {pl.device}")
         planes.append(PlaneRuntime(pl, link["index"], nl.mac(pl.device), link.get("mtu"), local,
                                    [a.network for a in addrs]))
+    # Key files are checked now (permissions, format), so a bad one stops
+    # `up` before it changes anything; fill_maps reads them again.
+    for peer in cfg.peers:
+        if cfg.key_file_of(peer):
+            try:
+                cfgmod.read_key(f"peer[{peer.index}].key_file" if peer.key_file else "security.key_file",
+                                cfg.key_file_of(peer))
+            except cfgmod.ConfigError as e:
+                raise InputError(str(e)) from None
     need = cfg.overhead()
     smallest = min(p.mtu for p in planes)
     mtu = cfg.mtu if cfg.mtu is not None else smallest - need

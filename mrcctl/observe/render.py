@@ -202,10 +202,27 @@ def status_tables(snap: dict, view: str = "auto") -> list[Table]:
     return tables
 
 
+def _auth_text(peers: list[str]) -> str:
+    """The authenticated peers, named while few (a cluster key covers all)."""
+    if not peers:
+        return "off"
+    return ", ".join(peers) if len(peers) <= 3 else f"{len(peers)} peers"
+
+
 def print_status(snap: dict, console: Console | None = None, view: str = "auto") -> None:
     console = console or Console()
     ov = snap.get("overlay", {})
     console.print(f"[bold]{ov.get('device', '?')}[/] {ov.get('address', '?')} mtu {ov.get('mtu')} "
-                  f"udp/{ov.get('udp_port')}  planes: {', '.join(p['device'] for p in snap.get('planes', []))}")
+                  f"udp/{ov.get('udp_port')}  planes: {', '.join(p['device'] for p in snap.get('planes', []))}"
+                  f"  auth: {_auth_text(snap.get('auth', {}).get('peers', []))}")
+    # what reaches the stack from each plane besides MRC (bpf/acl.h)
+    planes = snap.get("planes", [])
+    if all(p.get("allow_underlay") is None for p in planes):
+        console.print("  allow_underlay: everything on every plane (no lists)")
+    else:
+        for p in planes:
+            allow = p.get("allow_underlay")
+            console.print(f"  {p['device']} allow_underlay: "
+                          + ("everything (no list)" if allow is None else "; ".join(allow)))
     for t in status_tables(snap, view):
         console.print(t)

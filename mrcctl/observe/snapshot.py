@@ -10,7 +10,7 @@ import time
 
 from ..datapath import abi as wire
 from ..datapath.maps import Datapath
-from ..errors import InputError
+from ..errors import InputError, MrcError
 from ..instance import config as cfgmod
 from ..instance.state import Instance
 
@@ -154,12 +154,43 @@ def _snapshot(cfg: cfgmod.Config, dp: Datapath, only: set[str] | None = None) ->
             "mtu": inst_state.get("mtu"),
             "udp_port": cfg.udp_port,
         },
-        "planes": [{"device": p.device, "weight": p.weight} for p in cfg.planes],
+        "planes": [{"device": p.device, "weight": p.weight,
+                    "allow_underlay": _allow_underlay(dp, cfg, p.device)} for p in cfg.planes],
+        "auth": _auth(dp, cfg),
         "peers": peers,
         "drops": drops,
         "agent": {"pid": inst_state.get("agent_pid")},
         "health": _health(dp),
     }
+
+
+def _allow_underlay(dp: Datapath, cfg: cfgmod.Config, device: str) -> list[str] | None:
+    """The frames of a plane that reach the stack, as the datapath holds
+    them (mrc_acl, bpf/acl.h): None = everything (no list), else what always
+    passes, then the plane's rules."""
+    import socket
+    try:
+        raw = dp.map("mrc_acl").lookup(wire.u32(socket.if_nametoindex(device)))
+    except (OSError, MrcError):     # plane gone, or a datapath before issue #13.10
+        return None
+    if raw is None:
+        return None
+    rules = [cfgmod.acl_rule_text(r) for r in wire.Acl.unpack(raw).rules()]
+    return [f"mrc udp/{cfg.udp_port} (configured peers)", "arp", "ipv6-nd"] + rules
+
+
+def _auth(dp: Datapath, cfg: cfgmod.Config) -> dict:
+    """Which peers the datapath authenticates (mrc_auth; never the key)."""
+    peers = []
+    try:
+        m = dp.map("mrc_auth")
+        for peer in cfg.peers:
+            raw = m.lookup(wire.u32(peer.index))
+            if raw and wire.AuthKey.unpack(raw).on:
+                peers.append(peer.name)
+    except MrcError:
+        pass
+    return {"peers": peers}
 
 
 def _health(dp: Datapath) -> dict:

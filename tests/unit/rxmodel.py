@@ -198,6 +198,10 @@ class RxModel:
         mtype = f[moff] & 0x0F
         if reply_only and mtype != wire.MsgType.PROBE_REPLY:
             return PASS
+        # auth is off in the model (no mrc_auth keys): a frame carrying a
+        # MAC cannot be checked and is refused (bpf/auth.h)
+        if f[moff + 1] & wire.MRC_F_AUTH:
+            return Verdict(XDP_DROP, R.RX_BAD_MAC, None, moff)
         if mtype == wire.MsgType.PROBE:
             return Verdict(XDP_TX, R.RX_PROBE_REPLIED, self._probe_reply(f, family, uoff, moff), moff)
         if mtype not in (wire.MsgType.DATA, wire.MsgType.PROBE_REPLY):
