@@ -32,6 +32,7 @@
  *   mrc_rx_win      reorder.h
  *   mrc_reorder     reorder.h
  *   mrc_probe_nonce probe.h
+ *   mrc_path_mtu    pmtu.h
  */
 #ifndef MRC_MAPS_H
 #define MRC_MAPS_H
@@ -47,5 +48,6 @@
 #include "dedup.h"
 #include "reorder.h"
 #include "probe.h"
+#include "pmtu.h"
 
 #endif /* MRC_MAPS_H */

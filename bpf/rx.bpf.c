@@ -27,6 +27,7 @@
 #include "reorder.h"
 #include "dedup.h"
 #include "ecn.h"
+#include "pmtu.h"
 
 /* A probe reply: an RTT sample and maybe a recovery for our path. */
 static __always_inline __u32 rx_probe_reply(const struct mrc_config *cfg,
@@ -92,6 +93,8 @@ static __always_inline __u32 rx_process(void *data, void *data_end, __u32 ifinde
 		return RX_PASS_UNCOUNTED;
 	v = rx_validate(data, data_end, ifindex, cfg_udp_port(cfg), f,
 			&peer_idx, &peer, &plane, &type);
+	if (RX_ACTION(v) == RX_ICMP)
+		return pmtu_rx_icmp(f, data_end, ifindex, cfg_udp_port(cfg));
 	if (v != RX_CONTINUE_V)
 		return v;
 	mh = f->mh;

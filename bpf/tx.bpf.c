@@ -30,6 +30,7 @@
 #include "retx.h"
 #include "feedback.h"
 #include "hedge.h"
+#include "pmtu.h"
 
 /* Bytes we want linear before parsing: inner Ethernet, IPv4 with maximal
  * options, and the first 20 bytes of TCP. */
@@ -46,6 +47,46 @@ struct tx_out {
 	__u32	ifindex;
 	bool	neigh;		/* resolve the next hop (path_via_neigh) */
 };
+
+/* Inner L3 bytes of the unit's largest wire segment: what, plus the outer
+ * headers, must fit the path MTU (pmtu.h). */
+static __always_inline __u32 tx_seg_l3(const struct __sk_buff *skb,
+				       const struct l3_desc *in, int tcp_len)
+{
+	if (skb->gso_size) {
+		if (tcp_len > 0)
+			return in->hdr_len + tcp_len + skb->gso_size;
+		if (in->proto == IPPROTO_UDP)
+			return in->hdr_len + sizeof(struct udphdr) + skb->gso_size;
+	}
+	return skb->len - ETH_HLEN;
+}
+
+/* A path the judge accepted may still be too small for this unit: its
+ * recorded MTU (pmtu.h) is below the unit's segments. */
+static __always_inline bool tx_fits(__u32 peer_idx, __u32 pid,
+				    const struct mrc_path *path, __u32 seg_l3,
+				    __u64 now)
+{
+	return pmtu_fits(peer_idx, pid, seg_l3 + encap_overhead(path->family), now);
+}
+
+/* The unit does not fit the path it was given: tell the inner sender the
+ * size the overlay carries to this peer (pmtu.h), from the overlay
+ * device's ingress. */
+static __always_inline __u32 tx_too_big(struct __sk_buff *skb,
+					const struct mrc_config *cfg,
+					__u32 peer_idx, __u32 n_paths, __u64 now,
+					struct tx_out *out)
+{
+	__u32 mtu = pmtu_overlay(peer_idx, n_paths, now);
+
+	if (!mtu || !cfg->overlay_ifindex || tx_icmp_too_big(skb, mtu))
+		return MRC_R_TX_TOO_BIG_DROP;
+	out->ifindex = cfg->overlay_ifindex;
+	out->neigh = false;
+	return MRC_R_TX_TOO_BIG;
+}
 
 /* Headers of locally generated packets are linear; forwarded ones may not
  * be. Pull only when short, pulling is not free. */
@@ -74,11 +115,11 @@ static __always_inline __u32 tx_process(struct __sk_buff *skb, struct tx_out *ou
 	struct mrc_path_stats *st;
 	struct mrc_unit u = {};
 	struct spray_state sp;
-	__u32 peer_idx, n_paths, n, start, i, inner_hdrs, len;
+	__u32 peer_idx, n_paths, n, start, i, inner_hdrs, len, seg_l3;
 	__u64 now, wire_bytes;
 	__u16 port;
 	int pidx, tcp_len = -1, verdict = H_UNUSABLE, hedge = -1;
-	bool tcp, retx = false, steered = false;
+	bool tcp, retx = false, steered = false, df, too_big = false;
 
 	tx_pull(skb);
 	data = (void *)(long)skb->data;
@@ -116,8 +157,15 @@ static __always_inline __u32 tx_process(struct __sk_buff *skb, struct tx_out *ou
 		retx = retx_check(peer_idx, in.ip4, tcph, u.seq0, len);
 	}
 
+	/* What must fit the path MTU, and whether the sender may be told to
+	 * send smaller (pmtu.h). */
+	seg_l3 = tx_seg_l3(skb, &in, tcp_len);
+	df = in.ip4->frag_off & bpf_htons(IPV4_DF);
+
 	/* 2. Pick a path: the next slot of the live table, or one of the
-	 * following slots if that path is not usable. */
+	 * following slots if that path is not usable. A path too small for
+	 * the unit sends a DF unit back to its sender as an ICMP; a unit
+	 * without DF looks for a path that fits. */
 	slots = spray_table(peer_idx, peer, &n);
 	if (!slots)
 		return MRC_R_TX_NO_PATH;
@@ -129,6 +177,8 @@ static __always_inline __u32 tx_process(struct __sk_buff *skb, struct tx_out *ou
 	if (retx && seq->ack_max_ns) {
 		path = judge_path(cfg, peer, peer_idx, seq->ack_max_path,
 				  n_paths, now, &verdict);
+		if (path && !tx_fits(peer_idx, seq->ack_max_path, path, seg_l3, now))
+			path = NULL;	/* the slot walk below decides */
 		if (path) {
 			u.path_id = seq->ack_max_path;	/* no slot walk below */
 			steered = true;
@@ -141,22 +191,34 @@ static __always_inline __u32 tx_process(struct __sk_buff *skb, struct tx_out *ou
 
 		path = judge_path(cfg, peer, peer_idx, pid, n_paths, now,
 				  &verdict);
+		if (path && !tx_fits(peer_idx, pid, path, seg_l3, now)) {
+			path = NULL;
+			too_big = true;
+			if (df)
+				break;
+			continue;
+		}
 		if (path) {
 			u.path_id = pid;
 			spray_used(&sp, s);
 			break;
 		}
 	}
+	if (!path && too_big && df)
+		return tx_too_big(skb, cfg, peer_idx, n_paths, now, out);
 	if (!path) {
 		int fb = judge_fallback(peer_idx, n_paths, start,
 					peer->min_active);
 
 		if (fb < 0)
-			return MRC_R_TX_NO_PATH;
+			return too_big ? MRC_R_TX_TOO_BIG_DROP : MRC_R_TX_NO_PATH;
 		u.path_id = fb;
 		path = path_cfg(peer_idx, fb);
 		if (!path)
 			return MRC_R_TX_NO_PATH;
+		if (!tx_fits(peer_idx, fb, path, seg_l3, now))
+			return df ? tx_too_big(skb, cfg, peer_idx, n_paths, now, out) :
+				    MRC_R_TX_TOO_BIG_DROP;
 		verdict = H_OK;
 	}
 
@@ -211,9 +273,14 @@ static __always_inline __u32 tx_process(struct __sk_buff *skb, struct tx_out *ou
 	return TX_SENT;
 }
 
-/* The one exit: count a refusal under its reason, or send. */
+/* The one exit: count a refusal under its reason, or send. A unit turned
+ * into an ICMP for its sender is counted and goes back up the overlay. */
 static __always_inline int tx_exit(__u32 reason, const struct tx_out *out)
 {
+	if (reason == MRC_R_TX_TOO_BIG) {
+		count_reason(reason);
+		return bpf_redirect(out->ifindex, BPF_F_INGRESS);
+	}
 	if (reason != TX_SENT) {
 		count_reason(reason);
 		return TC_ACT_SHOT;

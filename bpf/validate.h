@@ -43,6 +43,7 @@ enum rx_action {
 	RX_TURN_AROUND	= 3,	/* a probe: send it back (encap_turn_around) */
 	RX_DELIVER	= 4,	/* decapsulate, then to the stack */
 	RX_CONTINUE	= 5,	/* validation passed: keep going */
+	RX_ICMP		= 6,	/* an ICMP error: may concern our paths (pmtu.h) */
 };
 #define RX_NOT_COUNTED		MRC_R_MAX
 #define RX_V(action, reason)	((__u32)(action) << 8 | (reason))
@@ -96,6 +97,7 @@ static __always_inline __u32 rx_validate(void *data, void *data_end,
 	struct udphdr *udp;
 	struct mrc_hdr *mh;
 	bool reply_only = false;	/* matched by source port only */
+	bool l3_ok;
 	__be16 port = bpf_htons(udp_port);
 	__u32 l3_len, ip_len;
 	int proto, pidx;
@@ -109,10 +111,16 @@ static __always_inline __u32 rx_validate(void *data, void *data_end,
 			return RX_V(RX_PASS, MRC_R_RX_PASS_VLAN);
 		return RX_PASS_UNCOUNTED;
 	}
-	if (parse_l3(&nh, data_end, proto, L3_F_IPV4 | L3_F_IPV6 | L3_F_V6_FRAG,
-		     &f->l3) != L3_OK ||
-	    f->l3.proto != IPPROTO_UDP)
+	l3_ok = parse_l3(&nh, data_end, proto, L3_F_IPV4 | L3_F_IPV6 | L3_F_V6_FRAG,
+			 &f->l3) == L3_OK;
+	if (!l3_ok ||
+	    f->l3.proto != IPPROTO_UDP) {
+		/* A router's "too big" for one of our frames (pmtu.h). */
+		if (l3_ok && f->l3.frag == L3_FRAG_NONE &&
+		    f->l3.proto == (f->l3.family == 4 ? IPPROTO_ICMP : IPPROTO_ICMPV6))
+			return RX_V(RX_ICMP, RX_NOT_COUNTED);
 		return RX_PASS_UNCOUNTED;
+	}
 	/* Non-first fragment: no UDP header to look at. */
 	if (f->l3.frag == L3_FRAG_LATER)
 		return RX_V(RX_PASS, MRC_R_RX_PASS_FRAGMENT);

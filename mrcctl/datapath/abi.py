@@ -125,12 +125,16 @@ class Reason(_LabelEnum):
     RX_WRONG_PLANE = 20
     RX_BAD_NONCE = 21
     RX_ECN_NOT_ECT = 22
+    RX_PMTU = 23
+    RX_PMTU_BAD = 24
+    TX_TOO_BIG = 25
+    TX_TOO_BIG_DROP = 26
 
     @property
     def is_drop(self) -> bool:
         """False for the verdicts mrc.h marks "not a drop" (test_wire checks)."""
         return self not in (Reason.RX_PROBE_REPLIED, Reason.RX_PROBE_REPLY,
-                            Reason.RX_PASS_VLAN, Reason.RX_PASS_FRAGMENT)
+                            Reason.RX_PASS_VLAN, Reason.RX_PASS_FRAGMENT, Reason.RX_PMTU)
 
 
 def reason_is_drop(label: str) -> bool:
@@ -143,7 +147,7 @@ def reason_is_drop(label: str) -> bool:
     return "probe" not in label
 
 
-MRC_R_MAX = 23
+MRC_R_MAX = 27
 
 
 class EvReason(_LabelEnum):
@@ -585,6 +589,17 @@ class PathDelay(_Struct):
 
 
 @_struct
+class PathMtu(_Struct):
+    """struct mrc_path_mtu: the MTU an ICMP too-big reported for a path
+    (bpf/pmtu.h), in force for MRC_PMTU_AGE_NS after ns."""
+    C_NAME: ClassVar[str] = "mrc_path_mtu"
+    LAYOUT: ClassVar = (("mtu", "I"), ("icmps", "I"), ("ns", "Q"))
+
+
+MRC_PMTU_AGE_NS = 600 * 1_000_000_000
+
+
+@_struct
 class FlowletKey(_Struct):
     """struct mrc_flowlet_key."""
     C_NAME: ClassVar[str] = "mrc_flowlet_key"
@@ -717,6 +732,8 @@ ALL_STRUCTS: tuple[type[_Struct], ...] = (
     RxWin, Reorder, FlowletKey, Flowlet, PathDelay, OvlKey, ProbeNonce)
 # path health (bpf/judge.h, bpf/evidence.h)
 ALL_STRUCTS += (Event, HealthStats, Dedup, TxFlows)
+# path MTU (bpf/pmtu.h)
+ALL_STRUCTS += (PathMtu,)
 
 
 def replace(obj, **changes):

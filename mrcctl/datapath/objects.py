@@ -17,7 +17,7 @@ MAP_NAMES = ("mrc_cfg", "mrc_peers", "mrc_slots", "mrc_paths", "mrc_live", "mrc_
              "mrc_path_stats", "mrc_drops", "mrc_peer_ip", "mrc_rx_peers", "mrc_events",
              "mrc_dedup", "mrc_hstats", "mrc_tx_flows",
              "mrc_rx_win", "mrc_reorder", "mrc_flowlets", "mrc_path_delay",
-             "mrc_ovl_owner", "mrc_probe_nonce")   # issue 4: bpf/reorder.h, bpf/spray.h
+             "mrc_ovl_owner", "mrc_probe_nonce", "mrc_path_mtu")   # issue 4: bpf/reorder.h, bpf/spray.h
 
 
 def bpf_dir() -> Path:
