@@ -17,8 +17,9 @@
  *    to the inner sender, with the overlay MTU every recorded path of the
  *    peer can carry, and redirected into the overlay device's ingress: the
  *    sender's stack lowers its PMTU and TCP retransmits at once at the
- *    smaller size. An inner packet without DF is not the sender's to
- *    resize: it is sent on a path that fits, or dropped (counted).
+ *    smaller size. An inner packet without DF may not be answered so
+ *    (RFC 1191): it is dropped and counted (MRC_R_TX_TOO_BIG_DROP); the
+ *    kernel sets DF on TCP and on UDP unless a socket opts out.
  *  - ageing: a record older than MRC_PMTU_AGE_NS is ignored, so a link
  *    whose MTU went back up carries full-size units again; the first one
  *    too big for a still-small link brings a new ICMP (the stack's own PMTU
@@ -109,36 +110,55 @@ static __always_inline bool pmtu_fits(__u32 peer_idx, __u32 pid, __u32 l3_len,
 /* What the overlay can carry to this peer over every path with a record:
  * the smallest recorded MTU less its path's encapsulation, or 0 when no
  * record is in force. A sender sized by it fits whichever path the spray
- * picks. Walked only for a unit that did not fit (rare). */
-static __always_inline __u32 pmtu_overlay(__u32 peer_idx, __u32 n_paths, __u64 now)
+ * picks. Walked only for a unit that did not fit (rare), with bpf_loop:
+ * an open-coded walk of 256 paths multiplied the verifier's states. */
+struct pmtu_walk {
+	__u64	now;
+	__u32	peer_idx;
+	__u32	best;
+};
+
+static long pmtu_overlay_one(__u64 i, void *ctx)
 {
-	__u32 best = 0, i;
+	struct pmtu_walk *w = ctx;
+	struct mrc_path *p = path_cfg(w->peer_idx, i);
+	__u32 mtu = pmtu_of(w->peer_idx, i, w->now), ovh;
 
-	for (i = 0; i < MRC_MAX_PATHS && i < n_paths; i++) {
-		struct mrc_path *p = path_cfg(peer_idx, i);
-		__u32 mtu = pmtu_of(peer_idx, i, now), ovh;
-
-		if (!mtu || !p)
-			continue;
-		ovh = encap_overhead(p->family);
-		mtu = mtu > ovh ? mtu - ovh : 0;
-		if (!best || mtu < best)
-			best = mtu;
-	}
-	return best;
+	if (!mtu || !p)
+		return 0;
+	ovh = encap_overhead(p->family);
+	mtu = mtu > ovh ? mtu - ovh : 0;
+	if (!w->best || mtu < w->best)
+		w->best = mtu;
+	return 0;
 }
 
-/* Ones' complement sum of n 16-bit words from p, bounded for the verifier. */
-static __always_inline __u32 pmtu_csum_words(void *p, void *data_end, __u32 n)
+static __always_inline __u32 pmtu_overlay(__u32 peer_idx, __u32 n_paths, __u64 now)
+{
+	struct pmtu_walk w = { .now = now, .peer_idx = peer_idx };
+
+	bpf_loop(n_paths < MRC_MAX_PATHS ? n_paths : MRC_MAX_PATHS,
+		 pmtu_overlay_one, &w, 0);
+	return w.best;
+}
+
+/* Ones' complement sum (unfolded) of the bytes from p to data_end, at most
+ * the ICMP header and quote; an odd last byte is padded with zero (RFC
+ * 1071). Sums raw 16-bit words: the result is stored as it comes out. */
+static __always_inline __u32 pmtu_csum(void *p, void *data_end)
 {
 	__u32 sum = 0, i;
 
 	for (i = 0; i < (8 + PMTU_QUOTE_MAX) / 2; i++) {
-		__u16 *w = p + 2 * i;
+		__u8 *b = p + 2 * i;
 
-		if (i >= n || (void *)(w + 1) > data_end)
+		if ((void *)(b + 2) <= data_end) {
+			sum += *(__u16 *)b;
+		} else {
+			if ((void *)(b + 1) <= data_end)
+				sum += bpf_ntohs((__u16)*b << 8);
 			break;
-		sum += *w;
+		}
 	}
 	return sum;
 }
@@ -218,20 +238,18 @@ static __always_inline int tx_icmp_too_big(struct __sk_buff *skb, __u32 mtu)
 	ic->checksum = 0;
 	ic->v4.unused = 0;
 	ic->v4.mtu = bpf_htons((__u16)mtu);
-	/* quote is even: ihl is a multiple of 4; a short packet's odd tail
-	 * byte is left out of the quote's sum only if the frame ends there,
-	 * which bpf_skb_change_tail made the case */
-	sum = pmtu_csum_words(ic, data_end, (sizeof(*ic) + quote + 1) / 2);
-	if ((sizeof(*ic) + quote) & 1) {
-		__u8 *last = (void *)ic + sizeof(*ic) + quote - 1;
-
-		if ((void *)(last + 1) <= data_end)
-			sum += bpf_htons((__u16)*last << 8);
-	}
+	/* the frame ends with the quote (trimmed and pulled above) */
+	sum = pmtu_csum(ic, data_end);
 	sum = (sum & 0xffff) + (sum >> 16);
 	sum = (sum & 0xffff) + (sum >> 16);
 	ic->checksum = ~sum & 0xffff;
 	return 0;
+}
+
+static __always_inline bool pmtu_addr6_eq(const __be32 *a, const struct in6_addr *b)
+{
+	return a[0] == b->in6_u.u6_addr32[0] && a[1] == b->in6_u.u6_addr32[1] &&
+	       a[2] == b->in6_u.u6_addr32[2] && a[3] == b->in6_u.u6_addr32[3];
 }
 
 /*
@@ -311,7 +329,7 @@ static __always_inline __u32 pmtu_rx_icmp(const struct mrc_frame *f, void *data_
 	    p->ev != bpf_ntohs(udp->source))
 		return RX_V(RX_DROP, MRC_R_RX_PMTU_BAD);
 	if (q.family == 4 ? p->saddr[0] != q.ip4->saddr :
-			    __builtin_memcmp(p->saddr, &q.ip6->saddr, 16) != 0)
+			    !pmtu_addr6_eq(p->saddr, &q.ip6->saddr))
 		return RX_V(RX_DROP, MRC_R_RX_PMTU_BAD);
 	delta = (__u32)seq->psn - bpf_ntohl(mh->psn);
 	if (delta == 0 || delta > MRC_PMTU_PSN_WINDOW)

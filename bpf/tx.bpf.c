@@ -119,7 +119,7 @@ static __always_inline __u32 tx_process(struct __sk_buff *skb, struct tx_out *ou
 	__u64 now, wire_bytes;
 	__u16 port;
 	int pidx, tcp_len = -1, verdict = H_UNUSABLE, hedge = -1;
-	bool tcp, retx = false, steered = false, df, too_big = false;
+	bool tcp, retx = false, steered = false, df;
 
 	tx_pull(skb);
 	data = (void *)(long)skb->data;
@@ -163,9 +163,7 @@ static __always_inline __u32 tx_process(struct __sk_buff *skb, struct tx_out *ou
 	df = in.ip4->frag_off & bpf_htons(IPV4_DF);
 
 	/* 2. Pick a path: the next slot of the live table, or one of the
-	 * following slots if that path is not usable. A path too small for
-	 * the unit sends a DF unit back to its sender as an ICMP; a unit
-	 * without DF looks for a path that fits. */
+	 * following slots if that path is not usable. */
 	slots = spray_table(peer_idx, peer, &n);
 	if (!slots)
 		return MRC_R_TX_NO_PATH;
@@ -177,8 +175,6 @@ static __always_inline __u32 tx_process(struct __sk_buff *skb, struct tx_out *ou
 	if (retx && seq->ack_max_ns) {
 		path = judge_path(cfg, peer, peer_idx, seq->ack_max_path,
 				  n_paths, now, &verdict);
-		if (path && !tx_fits(peer_idx, seq->ack_max_path, path, seg_l3, now))
-			path = NULL;	/* the slot walk below decides */
 		if (path) {
 			u.path_id = seq->ack_max_path;	/* no slot walk below */
 			steered = true;
@@ -191,35 +187,31 @@ static __always_inline __u32 tx_process(struct __sk_buff *skb, struct tx_out *ou
 
 		path = judge_path(cfg, peer, peer_idx, pid, n_paths, now,
 				  &verdict);
-		if (path && !tx_fits(peer_idx, pid, path, seg_l3, now)) {
-			path = NULL;
-			too_big = true;
-			if (df)
-				break;
-			continue;
-		}
 		if (path) {
 			u.path_id = pid;
 			spray_used(&sp, s);
 			break;
 		}
 	}
-	if (!path && too_big && df)
-		return tx_too_big(skb, cfg, peer_idx, n_paths, now, out);
 	if (!path) {
 		int fb = judge_fallback(peer_idx, n_paths, start,
 					peer->min_active);
 
 		if (fb < 0)
-			return too_big ? MRC_R_TX_TOO_BIG_DROP : MRC_R_TX_NO_PATH;
+			return MRC_R_TX_NO_PATH;
 		u.path_id = fb;
 		path = path_cfg(peer_idx, fb);
 		if (!path)
 			return MRC_R_TX_NO_PATH;
-		if (!tx_fits(peer_idx, fb, path, seg_l3, now))
-			return df ? tx_too_big(skb, cfg, peer_idx, n_paths, now, out) :
-				    MRC_R_TX_TOO_BIG_DROP;
 		verdict = H_OK;
+	}
+	/* The path MTU (pmtu.h), checked once for the chosen path: a check
+	 * inside the slot walk multiplied the verifier's states past its
+	 * limit. */
+	if (!tx_fits(peer_idx, u.path_id, path, seg_l3, now)) {
+		if (!df)
+			return MRC_R_TX_TOO_BIG_DROP;
+		return tx_too_big(skb, cfg, peer_idx, n_paths, now, out);
 	}
 
 	/* 3. The unit: how many wire packets (PSNs) it takes, and what the
