@@ -170,7 +170,9 @@ static __always_inline __u32 pmtu_csum(void *p, void *data_end)
  * overlay device's ingress. The room for the new IP and ICMP headers is
  * opened before trimming: trimming first would cut into the bytes a
  * CHECKSUM_PARTIAL TCP packet's checksum offset still points at, which
- * bpf_skb_change_tail refuses. -1 on failure (the caller drops).
+ * bpf_skb_change_tail refuses. FIXED_GSO: without it adjust_room refuses a
+ * UDP GSO unit; the trim then ends the skb's GSO life (skb_gso_reset). -1
+ * on failure (the caller drops).
  */
 static __always_inline int tx_icmp_too_big(struct __sk_buff *skb, __u32 mtu)
 {
@@ -183,7 +185,7 @@ static __always_inline int tx_icmp_too_big(struct __sk_buff *skb, __u32 mtu)
 	__be32 saddr, daddr;
 
 	if (bpf_skb_adjust_room(skb, sizeof(struct iphdr) + sizeof(struct pmtu_icmp),
-				BPF_ADJ_ROOM_MAC, 0))
+				BPF_ADJ_ROOM_MAC, BPF_F_ADJ_ROOM_FIXED_GSO))
 		return -1;
 	data = (void *)(long)skb->data;
 	data_end = (void *)(long)skb->data_end;
