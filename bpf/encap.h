@@ -44,6 +44,8 @@ struct mrc_frame {
 	struct udphdr	*udp;
 	struct mrc_hdr	*mh;
 	struct l3_desc	inner;
+	__u32		len;	/* whole frame: with XDP multi-buffer (jumbo
+				 * planes) more than data_end - data */
 };
 
 static __always_inline __u32 encap_overhead(__u8 family)

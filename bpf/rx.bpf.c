@@ -137,7 +137,7 @@ static __always_inline __u32 rx_process(void *data, void *data_end, __u32 ifinde
 	psn = rx_wire_psn(mh, &f->inner, data_end);
 
 	st->rx_packets += 1;
-	st->rx_bytes += data_end - data;
+	st->rx_bytes += f->len;
 
 	/* The first segment of a unit to arrive applies its feedback. */
 	receipt = feedback_receipt(live, bpf_ntohl(mh->psn), bpf_ntohl(mh->tx_ts),
@@ -193,12 +193,21 @@ static __always_inline int rx_exit(struct xdp_md *ctx, struct mrc_frame *f, __u3
 	return ret;
 }
 
-SEC("xdp")
+/*
+ * xdp.frags (BPF_F_XDP_HAS_FRAGS): a plane with an MTU above a page (jumbo,
+ * 9000) hands XDP multi-buffer frames, and veth refuses a program without
+ * frags support on such a device. data..data_end is then the first buffer
+ * only: every header mrc reads lies there (a page holds far more than the
+ * outer and inner headers); lengths come from bpf_xdp_get_buff_len.
+ */
+SEC("xdp.frags")
 int mrc_rx(struct xdp_md *ctx)
 {
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
 	struct mrc_frame f;
+
+	f.len = bpf_xdp_get_buff_len(ctx);
 
 	return rx_exit(ctx, &f, rx_process(data, data_end, ctx->ingress_ifindex, &f));
 }

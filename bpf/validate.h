@@ -79,7 +79,8 @@ static __always_inline __u32 rx_refuse(bool reply_only, __u32 reason)
 }
 
 /*
- * Outer headers up to the MRC header: fills f (eth, l3, udp, mh), the
+ * Outer headers up to the MRC header (f->len, the whole frame's length, set
+ * by the caller): fills f (eth, l3, udp, mh), the
  * sending peer, its entry and the plane the frame arrived on (its index in
  * this host's config). Returns RX_CONTINUE_V for a well-formed MRC frame
  * from a configured peer, else the final verdict. *type is the MRC packet
@@ -161,7 +162,7 @@ static __always_inline __u32 rx_validate(void *data, void *data_end,
 	ip_len = f->l3.len;
 	if ((void *)(mh + 1) > data_end ||
 	    ip_len < l3_len + sizeof(*udp) + sizeof(*mh) ||
-	    (__u32)(data_end - data) < ETH_HLEN + ip_len ||
+	    f->len < ETH_HLEN + ip_len ||
 	    bpf_ntohs(udp->len) < sizeof(*udp) + sizeof(*mh) ||
 	    bpf_ntohs(udp->len) > ip_len - l3_len)
 		return rx_refuse(reply_only, MRC_R_RX_TRUNCATED);

@@ -311,8 +311,10 @@ class Fabric(Testbed):
                 # mrc answers probes with XDP_TX; a veth delivers those frames
                 # only to a peer that runs XDP (bpf/xdp_pass.bpf.c says why).
                 for i in (h for h in self.hosts() if self.leaf_of(h) == lf):
+                    # xdp.frags: veth refuses XDP without multi-buffer
+                    # support once the link's MTU exceeds a page (jumbo).
                     _run(["ip", "-n", ns, "link", "set", "dev", f"h{i}", "xdpdrv", "obj", str(XDP_PASS_OBJ),
-                          "sec", "xdp"])
+                          "sec", "xdp.frags"])
             for s in range(self.n_spines):
                 ns = self.spine_ns(p, s)
                 cmds, tc = [], []

@@ -196,3 +196,28 @@ def test_tx_gso_unit_is_judged_by_its_segments(dp):
         dp.run_tx(frame, ctx_in=_skb_ctx(gso_segs=3, gso_size=gso_size))
         got = drops_delta(before, dp.drops())
         assert len(got) == 1 and set(got) <= reasons and sum(got.values()) == 1, (what, got)
+
+
+def test_rx_jumbo_frames_in_several_buffers(dp):
+    """mrc_rx is an xdp.frags program: a 9000-byte plane hands it frames
+    spread over several buffers (test_run does the same above a page), and
+    lengths are the whole frame's, not the first buffer's."""
+    cases = []
+    for size in (1400, 4000, 8900):
+        inner = pkt.ipv4(PEER_OVERLAY, LOCAL_OVERLAY, pkt.IPPROTO_UDP,
+                         pkt.udp(5201, 40000, bytes(range(256)) * (size // 256)), ident=77)
+        cases.append((f"{len(inner)}-byte inner packet", pkt.mrc_frame(4, inner=inner, psn=size),
+                      XDP_PASS, None, inner))
+    big = cases[-1][1]
+    cases.append(("jumbo frame claiming more than it holds",
+                  patch(big, 16, struct.pack("!H", len(big) - 14 + 1)), XDP_DROP, R.RX_TRUNCATED, None))
+    cases.append(("jumbo frame cut after its first page", big[:4096], XDP_DROP, R.RX_TRUNCATED, None))
+    for what, frame, verdict, reason, inner in cases:
+        before, rx0 = dp.drops(), dp.stats(0).rx_bytes
+        ret, out = dp.run_rx(frame)
+        assert ret == verdict, what
+        assert drops_delta(before, dp.drops()) == ({reason: 1} if reason else {}), what
+        if inner is not None:
+            assert len(frame) > 4096 or "1400" not in what
+            assert out == frame[:12] + b"\x08\x00" + inner, what
+            assert dp.stats(0).rx_bytes - rx0 == len(frame), what
