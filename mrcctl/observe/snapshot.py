@@ -10,6 +10,7 @@ import time
 
 from ..datapath import abi as wire
 from ..datapath.maps import Datapath
+from ..errors import MrcError
 from ..instance import config as cfgmod
 from ..instance.state import Instance
 
@@ -62,6 +63,23 @@ def _with_slot_shares(dp: Datapath, pent: wire.Peer, peer: int, paths: list[dict
     return paths
 
 
+def _optional_map(dp: Datapath, name: str):
+    """A map a datapath loaded before it existed lacks: None."""
+    try:
+        return dp.map(name)
+    except MrcError:
+        return None
+
+
+def _path_mtu(m, key: bytes, now_ns: int) -> int | None:
+    """The path MTU an ICMP reported (bpf/pmtu.h) while in force."""
+    raw = m.lookup(key) if m is not None else None
+    if not raw:
+        return None
+    ent = wire.PathMtu.unpack(raw)
+    return ent.mtu if ent.mtu and now_ns - ent.ns <= wire.MRC_PMTU_AGE_NS else None
+
+
 def snapshot(cfg: cfgmod.Config, dp: Datapath | None = None) -> dict:
     own = dp is None
     if own:
@@ -78,6 +96,7 @@ def _snapshot(cfg: cfgmod.Config, dp: Datapath) -> dict:
     stats_m, live_m, paths_m = dp.map("mrc_path_stats"), dp.map("mrc_live"), dp.map("mrc_paths")
     peers_m, seq_m = dp.map("mrc_peers"), dp.map("mrc_peer_seq")
     inst_state = dp.inst.read()
+    mtu_m = _optional_map(dp, "mrc_path_mtu")
     peers = []
     for peer in cfg.peers:
         praw = peers_m.lookup(wire.u32(peer.index))
@@ -116,6 +135,7 @@ def _snapshot(cfg: cfgmod.Config, dp: Datapath) -> dict:
                 # path health (bpf/judge.h, bpf/evidence.h): send-to-evidence delay, relapses
                 "evidence_delay_ms": round(live.ev_rtt_us / 1000, 3) if live.ev_rtt_us else None,
                 "flaps": live.flaps,
+                "mtu": _path_mtu(mtu_m, key, now_ns),
             })
         peers.append({
             "name": peer.name,

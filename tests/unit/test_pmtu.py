@@ -109,7 +109,7 @@ def test_rx_records_only_icmp_naming_our_path(dp):
         before = dp.drops()
         ret, out = dp.run_rx(frame)
         assert ret == verdict, what
-        assert drops_delta(before, dp.drops()) == ({reason: 1} if reason else {}), what
+        assert drops_delta(before, dp.drops()) == ({reason: 1} if reason is not None else {}), what
         if verdict == XDP_PASS:
             assert out == frame, what
         assert path_mtu(dp, path).mtu == mtu, what
@@ -160,7 +160,7 @@ def test_tx_too_big_becomes_icmp_to_the_sender(dp):
         before = dp.drops()
         ret, out = dp.run_tx(frame)
         assert ret == verdict, what
-        assert drops_delta(before, dp.drops()) == ({reason: 1} if reason else {}), what
+        assert drops_delta(before, dp.drops()) == ({reason: 1} if reason is not None else {}), what
         if mtu is not None:
             _check_icmp_to_sender(out, frame, mtu)
         elif verdict == TC_ACT_REDIRECT:
@@ -216,8 +216,7 @@ def test_rx_jumbo_frames_in_several_buffers(dp):
         before, rx0 = dp.drops(), dp.stats(0).rx_bytes
         ret, out = dp.run_rx(frame)
         assert ret == verdict, what
-        assert drops_delta(before, dp.drops()) == ({reason: 1} if reason else {}), what
+        assert drops_delta(before, dp.drops()) == ({reason: 1} if reason is not None else {}), what
         if inner is not None:
-            assert len(frame) > 4096 or "1400" not in what
             assert out == frame[:12] + b"\x08\x00" + inner, what
             assert dp.stats(0).rx_bytes - rx0 == len(frame), what
