@@ -17,6 +17,8 @@
  * fragment is dropped below, so the datagram never reassembles), and
  * IPv6 with extension headers other than a fragment header (mrc never
  * sends them; we do not walk them).
+ * ICMP (IPv4) and ICMPv6 that are not fragments are handed to pmtu.h
+ * (RX_ICMP): a "too big" for one of our own frames is path MTU news.
  *
  * Hook-neutral: it reads the frame only, so a tc-ingress receive hook can
  * share it with XDP.
