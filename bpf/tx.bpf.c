@@ -238,6 +238,14 @@ static __always_inline __u32 tx_process(struct __sk_buff *skb, struct tx_out *ou
 	if ((cfg->flags & MRC_CFG_HEDGE_ALL) ||
 	    (verdict == H_SUSPECT && (cfg->flags & MRC_CFG_HEDGE))) {
 		hedge = hedge_partner(cfg, peer_idx, n_paths, u.path_id, path, now);
+		/* a copy too big for the partner's recorded MTU would only
+		 * bring another ICMP: no copy */
+		if (hedge >= 0) {
+			struct mrc_path *hp = path_cfg(peer_idx, hedge);
+
+			if (!hp || !tx_fits(peer_idx, hedge, hp, seg_l3, now))
+				hedge = -1;
+		}
 		if (hedge >= 0)
 			u.flags |= MRC_F_HEDGE;
 	}

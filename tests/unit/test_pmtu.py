@@ -220,3 +220,22 @@ def test_rx_jumbo_frames_in_several_buffers(dp):
         if inner is not None:
             assert out == frame[:12] + b"\x08\x00" + inner, what
             assert dp.stats(0).rx_bytes - rx0 == len(frame), what
+
+
+def test_no_hedged_copy_onto_a_partner_too_small(dp, veth):
+    """Duplicate-send mode copies every unit onto a partner path (hedge.h);
+    a copy the partner's recorded MTU cannot carry would only bring another
+    ICMP, so the unit goes out once, unhedged."""
+    dp.set_paths([wire.replace(PATHS[0], ifindex=veth), *PATHS[1:]])
+    dp.set_cfg(udp_port=UDP_PORT, overlay_ifindex=7,
+               flags=wire.MRC_CFG_LIVENESS | wire.MRC_CFG_HEDGE_ALL,
+               dead_after_us=5000, hedge_after_us=2500, recover_probes=3)
+    dp.set_slots([0])
+    set_mtu(dp, 3, 1300)                     # path 3: the partner of path 0 (v4, plane 2)
+    for what, size, hedged in [("fits the partner", 1200, True),
+                               ("too big for the partner", 1400, False)]:
+        ret, out = dp.run_tx(inner_udp(size))
+        assert ret == TC_ACT_REDIRECT, what
+        h = pkt.mrc_hdr_of(out)
+        assert bool(h.flags & wire.MRC_F_HEDGE) == hedged, what
+        assert h.path_id == (3 if hedged else 0), what
