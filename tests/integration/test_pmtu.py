@@ -126,3 +126,27 @@ def test_jumbo_planes(tmp_path):
         assert pk and by / pk > 4096, (pk, by)
         d = drops(lab, 1)
         assert d["rx_truncated"] == 0 and d["rx_decap_fail"] == 0
+
+
+def test_ipv6_underlay_packet_too_big(tmp_path):
+    """The same over IPv6 planes: the narrow link's router answers with
+    ICMPv6 "packet too big"; mrc_tx tells the inner (IPv4) sender the size
+    less the 76-byte IPv6 encapsulation."""
+    small6, ovh6 = 1300, 76
+    with Lab(tmp_path, 2, 1, ipv6=True, prefix="mxp6", evs=EVS,
+             fabric=dict(spines=2, leaves=2)) as lab:
+        lab.up()
+        lab.tb.link_mtu(0, 0, 1, small6)
+        timeline = str(lab.tmp / "pmtu6-timeline.json")
+        recv = lab.start_receiver(1, 5704, timeout=60, timeline=timeline)
+        send = lab.start_sender(0, 1, "16M", 5704, timeout=60)
+        s, r = lab.result(send, 90), lab.result(recv, 90)
+        assert s["sha256"] == r["sha256"] and r["bytes"] == 16 << 20
+        assert longest_gap_ms(timeline) < 1000, "the transfer stalled"
+        d = drops(lab, 0)
+        assert d["rx_pmtu"] > 0 and d["tx_too_big"] > 0 and d["rx_pmtu_bad"] == 0
+        narrowed = [x for x in lab.paths(0, "h1") if x.get("mtu")]
+        assert narrowed and all(x["mtu"] == small6 for x in narrowed)
+        assert len(narrowed) < EVS, "only the EVs across the narrow link"
+        route = lab.tb.exec(0, ["ip", "route", "get", lab.overlay(1)]).stdout
+        assert f"mtu {small6 - ovh6}" in route, route
