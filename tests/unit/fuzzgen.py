@@ -87,10 +87,13 @@ def configure(dp) -> tuple[RxModel, TxModel]:
 def reset_evidence(dp) -> None:
     """Forget the evidence the rx frames left (genuine probe replies and
     feedback echoes make some path the freshest, where mrc_tx steers TCP
-    retransmissions): the tx model assumes the configured slot table."""
+    retransmissions), and the path MTUs genuine ICMP too-big frames recorded
+    (bpf/pmtu.h): the tx model assumes the configured slot table and no
+    path MTU."""
     dp.set_seq(PEER)
     for i in range(len(PATHS)):
         dp.set_live(i)
+        dp.maps["mrc_path_mtu"].update(wire.path_key(PEER, i), wire.PathMtu().pack())
 
 
 # ------------------------------------------------------------------ seeds
