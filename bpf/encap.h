@@ -55,6 +55,8 @@ struct mrc_frame {
 	struct l3_desc	inner;
 	const struct mrc_auth_key *auth;	/* the peer's key, if auth is on */
 	__u32		mac_len;	/* 0 or MRC_AUTH_LEN, behind the MRC header */
+	__u32		len;	/* whole frame: with XDP multi-buffer (jumbo
+				 * planes) more than data_end - data */
 };
 
 static __always_inline __u32 encap_overhead(__u8 family)
@@ -235,7 +237,9 @@ static __always_inline int encap_push(struct __sk_buff *skb,
 	 * with ours copied as an unchanged "MAC header", every segment's
 	 * outer lengths wrong: refused. */
 	if (err == -ENCAP_EALREADY) {
-		if (skb->gso_size)
+		/* u->seg_size is skb->gso_size, read before adjust_room (a
+		 * ctx read here compiled to a modified-ctx dereference) */
+		if (u->seg_size)
 			return ENCAP_NESTED_GSO;
 		err = bpf_skb_adjust_room(skb, encap_overhead(path->family) + encap_mac_len(u),
 					  BPF_ADJ_ROOM_MAC, 0);

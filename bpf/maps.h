@@ -37,6 +37,7 @@
  *   mrc_probe_rl    probe.h
  *   mrc_auth        auth.h
  *   mrc_acl         acl.h
+ *   mrc_path_mtu    pmtu.h
  */
 #ifndef MRC_MAPS_H
 #define MRC_MAPS_H
@@ -55,5 +56,6 @@
 #include "probe.h"
 #include "auth.h"
 #include "acl.h"
+#include "pmtu.h"
 
 #endif /* MRC_MAPS_H */

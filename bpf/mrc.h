@@ -120,7 +120,11 @@ enum mrc_reason {
 					 * while auth is off here */
 	MRC_R_RX_UNDERLAY_REFUSED = 29,	/* non-MRC frame not in the plane's
 					 * allow_underlay (bpf/acl.h) */
-	MRC_R_MAX		= 30,
+	MRC_R_RX_PMTU		= 30,	/* not a drop: ICMP too-big for one of our paths, recorded */
+	MRC_R_RX_PMTU_BAD	= 31,	/* ICMP too-big quoting our port but naming no path of ours */
+	MRC_R_TX_TOO_BIG	= 32,	/* unit too big for its path: ICMP frag-needed to the sender */
+	MRC_R_TX_TOO_BIG_DROP	= 33,	/* too big for every path, and no ICMP (no DF, or none built) */
+	MRC_R_MAX		= 34,
 };
 
 /* mrc_cfg: ARRAY[1], instance-wide settings the control plane may change
@@ -398,6 +402,18 @@ struct mrc_flowlet {
 	__u64	last_ns;	/* last unit of this flow sent */
 	__u32	slot;		/* slot table index the flowlet uses */
 	__u32	moves;		/* flowlets started after an idle gap */
+};
+
+/*
+ * mrc_path_mtu: ARRAY[MRC_MAX_PEERS * MRC_MAX_PATHS], the path MTU an ICMP
+ * "fragmentation needed" / "packet too big" reported for one of our paths
+ * (bpf/pmtu.h); in force for MRC_PMTU_AGE_NS after ns. Writer of every
+ * field: mrc_rx (pmtu.h).
+ */
+struct mrc_path_mtu {
+	__u32	mtu;		/* outer L3 MTU of the path; 0: none recorded */
+	__u32	icmps;		/* valid ICMPs received for the path */
+	__u64	ns;		/* when the last one arrived (monotonic) */
 };
 
 /* mrc_drops: PERCPU_ARRAY[MRC_R_MAX] of __u64 packets. Writers: mrc_tx,

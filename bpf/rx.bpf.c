@@ -29,6 +29,7 @@
 #include "epoch.h"
 #include "ecn.h"
 #include "acl.h"
+#include "pmtu.h"
 
 /* A probe reply: an RTT sample and maybe a recovery for our path. */
 static __always_inline __u32 rx_probe_reply(const struct mrc_config *cfg,
@@ -105,7 +106,10 @@ static __always_inline __u32 rx_process(void *data, void *data_end, __u32 ifinde
 		return RX_PASS_UNCOUNTED;
 	v = rx_validate(data, data_end, ifindex, cfg_udp_port(cfg), f,
 			&peer_idx, &peer, &plane, &type);
-	/* Not mrc's: the plane's access list decides whether the stack
+	if (RX_ACTION(v) == RX_ICMP)
+		v = pmtu_rx_icmp(f, data_end, ifindex, cfg_udp_port(cfg));
+	/* Not mrc's (an ICMP error that is no news about our paths
+	 * included): the plane's access list decides whether the stack
 	 * sees it (acl.h). */
 	if (RX_ACTION(v) == RX_PASS)
 		return acl_underlay(data, data_end, ifindex, v);
@@ -162,7 +166,7 @@ static __always_inline __u32 rx_process(void *data, void *data_end, __u32 ifinde
 	psn = rx_wire_psn(mh, &f->inner, data_end);
 
 	st->rx_packets += 1;
-	st->rx_bytes += data_end - data;
+	st->rx_bytes += f->len;
 
 	/* The first segment of a unit to arrive applies its feedback. */
 	receipt = feedback_receipt(live, bpf_ntohl(mh->psn), bpf_ntohl(mh->tx_ts),
@@ -236,12 +240,21 @@ static __always_inline int rx_exit(struct xdp_md *ctx, struct mrc_frame *f, __u3
 	return ret;
 }
 
-SEC("xdp")
+/*
+ * xdp.frags (BPF_F_XDP_HAS_FRAGS): a plane with an MTU above a page (jumbo,
+ * 9000) hands XDP multi-buffer frames, and veth refuses a program without
+ * frags support on such a device. data..data_end is then the first buffer
+ * only: every header mrc reads lies there (a page holds far more than the
+ * outer and inner headers); lengths come from bpf_xdp_get_buff_len.
+ */
+SEC("xdp.frags")
 int mrc_rx(struct xdp_md *ctx)
 {
 	void *data = (void *)(long)ctx->data;
 	void *data_end = (void *)(long)ctx->data_end;
 	struct mrc_frame f;
+
+	f.len = bpf_xdp_get_buff_len(ctx);
 
 	return rx_exit(ctx, &f, rx_process(data, data_end, ctx->ingress_ifindex, &f));
 }

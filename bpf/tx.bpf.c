@@ -31,6 +31,7 @@
 #include "retx.h"
 #include "feedback.h"
 #include "hedge.h"
+#include "pmtu.h"
 
 /* Bytes we want linear before parsing: inner Ethernet, IPv4 with maximal
  * options, and the first 20 bytes of TCP. */
@@ -47,6 +48,46 @@ struct tx_out {
 	__u32	ifindex;
 	bool	neigh;		/* resolve the next hop (path_via_neigh) */
 };
+
+/* Inner L3 bytes of the unit's largest wire segment: what, plus the outer
+ * headers, must fit the path MTU (pmtu.h). */
+static __always_inline __u32 tx_seg_l3(const struct __sk_buff *skb,
+				       const struct l3_desc *in, int tcp_len)
+{
+	if (skb->gso_size) {
+		if (tcp_len > 0)
+			return in->hdr_len + tcp_len + skb->gso_size;
+		if (in->proto == IPPROTO_UDP)
+			return in->hdr_len + sizeof(struct udphdr) + skb->gso_size;
+	}
+	return skb->len - ETH_HLEN;
+}
+
+/* A path the judge accepted may still be too small for this unit: its
+ * recorded MTU (pmtu.h) is below the unit's segments. */
+static __always_inline bool tx_fits(__u32 peer_idx, __u32 pid,
+				    const struct mrc_path *path, __u32 seg_l3,
+				    __u64 now)
+{
+	return pmtu_fits(peer_idx, pid, seg_l3 + encap_overhead(path->family), now);
+}
+
+/* The unit does not fit the path it was given: tell the inner sender the
+ * size the overlay carries to this peer (pmtu.h), from the overlay
+ * device's ingress. */
+static __always_inline __u32 tx_too_big(struct __sk_buff *skb,
+					const struct mrc_config *cfg,
+					__u32 peer_idx, __u32 n_paths, __u64 now,
+					struct tx_out *out)
+{
+	__u32 mtu = pmtu_overlay(peer_idx, n_paths, now);
+
+	if (!mtu || !cfg->overlay_ifindex || tx_icmp_too_big(skb, mtu))
+		return MRC_R_TX_TOO_BIG_DROP;
+	out->ifindex = cfg->overlay_ifindex;
+	out->neigh = false;
+	return MRC_R_TX_TOO_BIG;
+}
 
 /* Headers of locally generated packets are linear; forwarded ones may not
  * be. Pull only when short, pulling is not free. */
@@ -76,11 +117,11 @@ static __always_inline __u32 tx_process(struct __sk_buff *skb, struct tx_out *ou
 	struct mrc_unit u = {};
 	const struct mrc_auth_key *akey;
 	struct spray_state sp;
-	__u32 peer_idx, n_paths, n, start, i, inner_hdrs, len;
+	__u32 peer_idx, n_paths, n, start, i, inner_hdrs, len, seg_l3;
 	__u64 now, wire_bytes;
 	__u16 port;
 	int pidx, proto, err, tcp_len = -1, verdict = H_UNUSABLE, hedge = -1;
-	bool tcp, retx = false, steered = false;
+	bool tcp, retx = false, steered = false, df;
 
 	tx_pull(skb);
 	data = (void *)(long)skb->data;
@@ -124,6 +165,11 @@ static __always_inline __u32 tx_process(struct __sk_buff *skb, struct tx_out *ou
 		retx = retx_check(peer_idx, in.ip4, tcph, u.seq0, len);
 	}
 
+	/* What must fit the path MTU, and whether the sender may be told to
+	 * send smaller (pmtu.h). */
+	seg_l3 = tx_seg_l3(skb, &in, tcp_len);
+	df = in.ip4->frag_off & bpf_htons(IPV4_DF);
+
 	/* 2. Pick a path: the next slot of the live table, or one of the
 	 * following slots if that path is not usable. */
 	slots = spray_table(peer_idx, peer, &n);
@@ -164,6 +210,14 @@ static __always_inline __u32 tx_process(struct __sk_buff *skb, struct tx_out *ou
 		if (!path)
 			return MRC_R_TX_NO_PATH;
 		verdict = H_OK;
+	}
+	/* The path MTU (pmtu.h), checked once for the chosen path: a check
+	 * inside the slot walk multiplied the verifier's states past its
+	 * limit. */
+	if (!tx_fits(peer_idx, u.path_id, path, seg_l3, now)) {
+		if (!df)
+			return MRC_R_TX_TOO_BIG_DROP;
+		return tx_too_big(skb, cfg, peer_idx, n_paths, now, out);
 	}
 
 	/* 3. The unit: how many wire packets (PSNs) it takes, and what the
@@ -214,6 +268,14 @@ static __always_inline __u32 tx_process(struct __sk_buff *skb, struct tx_out *ou
 	    (verdict == H_SUSPECT && (cfg->flags & MRC_CFG_HEDGE))) {
 		hedge = hedge_partner(peer_idx, n_paths, u.path_id,
 				      HEDGE_FP(path->family, path->plane), now);
+		/* a copy too big for the partner's recorded MTU would only
+		 * bring another ICMP: no copy */
+		if (hedge >= 0) {
+			struct mrc_path *hp = path_cfg(peer_idx, hedge);
+
+			if (!hp || !tx_fits(peer_idx, hedge, hp, seg_l3, now))
+				hedge = -1;
+		}
 		if (hedge >= 0)
 			u.flags |= MRC_F_HEDGE;
 	}
@@ -245,9 +307,14 @@ static __always_inline __u32 tx_process(struct __sk_buff *skb, struct tx_out *ou
 	return TX_SENT;
 }
 
-/* The one exit: count a refusal under its reason, or send. */
+/* The one exit: count a refusal under its reason, or send. A unit turned
+ * into an ICMP for its sender is counted and goes back up the overlay. */
 static __always_inline int tx_exit(__u32 reason, const struct tx_out *out)
 {
+	if (reason == MRC_R_TX_TOO_BIG) {
+		count_reason(reason);
+		return bpf_redirect(out->ifindex, BPF_F_INGRESS);
+	}
 	if (reason != TX_SENT) {
 		count_reason(reason);
 		return TC_ACT_SHOT;

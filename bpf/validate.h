@@ -18,6 +18,8 @@
  * fragment is dropped below, so the datagram never reassembles), and
  * IPv6 with extension headers other than a fragment header (mrc never
  * sends them; we do not walk them).
+ * ICMP (IPv4) and ICMPv6 that are not fragments are handed to pmtu.h
+ * (RX_ICMP): a "too big" for one of our own frames is path MTU news.
  *
  * Hook-neutral: it reads the frame only, so a tc-ingress receive hook can
  * share it with XDP.
@@ -44,6 +46,7 @@ enum rx_action {
 	RX_TURN_AROUND	= 3,	/* a probe: send it back (encap_turn_around) */
 	RX_DELIVER	= 4,	/* decapsulate, then to the stack */
 	RX_CONTINUE	= 5,	/* validation passed: keep going */
+	RX_ICMP		= 6,	/* an ICMP error: may concern our paths (pmtu.h) */
 };
 #define RX_NOT_COUNTED		MRC_R_MAX
 #define RX_V(action, reason)	((__u32)(action) << 8 | (reason))
@@ -79,7 +82,8 @@ static __always_inline __u32 rx_refuse(bool reply_only, __u32 reason)
 }
 
 /*
- * Outer headers up to the MRC header: fills f (eth, l3, udp, mh), the
+ * Outer headers up to the MRC header (f->len, the whole frame's length, set
+ * by the caller): fills f (eth, l3, udp, mh), the
  * sending peer, its entry and the plane the frame arrived on (its index in
  * this host's config). Returns RX_CONTINUE_V for a well-formed MRC frame
  * from a configured peer, else the final verdict. *type is the MRC packet
@@ -97,6 +101,7 @@ static __always_inline __u32 rx_validate(void *data, void *data_end,
 	struct udphdr *udp;
 	struct mrc_hdr *mh;
 	bool reply_only = false;	/* matched by source port only */
+	bool l3_ok;
 	__be16 port = bpf_htons(udp_port);
 	__u32 l3_len, ip_len;
 	int proto, pidx;
@@ -111,10 +116,16 @@ static __always_inline __u32 rx_validate(void *data, void *data_end,
 			return RX_V(RX_PASS, MRC_R_RX_PASS_VLAN);
 		return RX_PASS_UNCOUNTED;
 	}
-	if (parse_l3(&nh, data_end, proto, L3_F_IPV4 | L3_F_IPV6 | L3_F_V6_FRAG,
-		     &f->l3) != L3_OK ||
-	    f->l3.proto != IPPROTO_UDP)
+	l3_ok = parse_l3(&nh, data_end, proto, L3_F_IPV4 | L3_F_IPV6 | L3_F_V6_FRAG,
+			 &f->l3) == L3_OK;
+	if (!l3_ok ||
+	    f->l3.proto != IPPROTO_UDP) {
+		/* A router's "too big" for one of our frames (pmtu.h). */
+		if (l3_ok && f->l3.frag == L3_FRAG_NONE &&
+		    f->l3.proto == (f->l3.family == 4 ? IPPROTO_ICMP : IPPROTO_ICMPV6))
+			return RX_V(RX_ICMP, RX_NOT_COUNTED);
 		return RX_PASS_UNCOUNTED;
+	}
 	/* Non-first fragment: no UDP header to look at. */
 	if (f->l3.frag == L3_FRAG_LATER)
 		return RX_V(RX_PASS, MRC_R_RX_PASS_FRAGMENT);
@@ -155,7 +166,7 @@ static __always_inline __u32 rx_validate(void *data, void *data_end,
 	ip_len = f->l3.len;
 	if ((void *)(mh + 1) > data_end ||
 	    ip_len < l3_len + sizeof(*udp) + sizeof(*mh) ||
-	    (__u32)(data_end - data) < f->l2_len + ip_len ||
+	    f->len < f->l2_len + ip_len ||
 	    bpf_ntohs(udp->len) < sizeof(*udp) + sizeof(*mh) ||
 	    bpf_ntohs(udp->len) > ip_len - l3_len)
 		return rx_refuse(reply_only, MRC_R_RX_TRUNCATED);

@@ -15,4 +15,12 @@ int xdp_pass(struct xdp_md *ctx)
 	return XDP_PASS;
 }
 
+/* The same for jumbo links: veth refuses XDP without multi-buffer support
+ * on a device whose MTU exceeds a page. */
+SEC("xdp.frags")
+int xdp_pass_frags(struct xdp_md *ctx)
+{
+	return XDP_PASS;
+}
+
 char _license[] SEC("license") = "Dual BSD/GPL";

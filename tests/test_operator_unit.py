@@ -315,3 +315,20 @@ def test_demo_needs_root(monkeypatch, capsys):
     assert e.value.code == 1
     err = capsys.readouterr().err
     assert "needs root" in err and len(err.strip().splitlines()) == 1
+
+
+def test_status_shows_a_path_mtu_column_only_when_an_icmp_narrowed_a_path():
+    from rich.console import Console
+
+    def text(paths):
+        snap = {"peers": [{"name": "h1", "paths": paths}]}
+        con = Console(width=120, record=True)
+        for t in render.status_tables(snap, "paths"):
+            con.print(t)
+        return con.export_text()
+
+    plain = [{"id": i, "plane": "p0", "ev": 49152 + i, "state": "GOOD", "mtu": None} for i in range(2)]
+    assert " mtu" not in text(plain)
+    narrowed = [dict(plain[0], mtu=1200), plain[1]]
+    out = text(narrowed)
+    assert " mtu" in out and "1200" in out

@@ -290,6 +290,15 @@ def link_carrier(prefix, as_json, plane, leaf, spine, state):
     _run(lambda: _fabric(prefix).link_carrier(plane, leaf, spine, state == "up"))
 
 
+@link.command("mtu")
+@_common
+@_link
+@click.argument("mtu")
+def link_mtu(prefix, as_json, plane, leaf, spine, mtu):
+    """Set the link's MTU on both ends ('default': the fabric's)."""
+    _run(lambda: _fabric(prefix).link_mtu(plane, leaf, spine, None if mtu == "default" else int(mtu)))
+
+
 @testbed.command()
 @_common
 @_link

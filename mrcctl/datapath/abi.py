@@ -138,13 +138,17 @@ class Reason(_LabelEnum):
     RX_NO_MAC = 27
     RX_BAD_MAC = 28
     RX_UNDERLAY_REFUSED = 29
+    RX_PMTU = 30
+    RX_PMTU_BAD = 31
+    TX_TOO_BIG = 32
+    TX_TOO_BIG_DROP = 33
 
     @property
     def is_drop(self) -> bool:
         """False for the verdicts mrc.h marks "not a drop" (test_wire checks)."""
         return self not in (Reason.RX_PROBE_REPLIED, Reason.RX_PROBE_REPLY,
                             Reason.RX_PASS_VLAN, Reason.RX_PASS_FRAGMENT,
-                            Reason.RX_HEDGE_AHEAD)
+                            Reason.RX_HEDGE_AHEAD, Reason.RX_PMTU)
 
 
 def reason_is_drop(label: str) -> bool:
@@ -157,7 +161,7 @@ def reason_is_drop(label: str) -> bool:
     return "probe" not in label
 
 
-MRC_R_MAX = 30
+MRC_R_MAX = 34
 
 
 class EvReason(_LabelEnum):
@@ -626,6 +630,17 @@ class PathDelay(_Struct):
 
 
 @_struct
+class PathMtu(_Struct):
+    """struct mrc_path_mtu: the MTU an ICMP too-big reported for a path
+    (bpf/pmtu.h), in force for MRC_PMTU_AGE_NS after ns."""
+    C_NAME: ClassVar[str] = "mrc_path_mtu"
+    LAYOUT: ClassVar = (("mtu", "I"), ("icmps", "I"), ("ns", "Q"))
+
+
+MRC_PMTU_AGE_NS = 600 * 1_000_000_000
+
+
+@_struct
 class FlowletKey(_Struct):
     """struct mrc_flowlet_key."""
     C_NAME: ClassVar[str] = "mrc_flowlet_key"
@@ -847,6 +862,10 @@ class CtlReq(_Struct):
 
 
 ALL_STRUCTS += (RxEpoch, CtlReq)
+
+
+# path MTU (bpf/pmtu.h)
+ALL_STRUCTS += (PathMtu,)
 
 
 def replace(obj, **changes):

@@ -19,7 +19,7 @@ MAP_NAMES = ("mrc_cfg", "mrc_peers", "mrc_slots", "mrc_paths", "mrc_live", "mrc_
              "mrc_dedup", "mrc_hstats", "mrc_tx_flows",
              "mrc_rx_win", "mrc_reorder", "mrc_flowlets", "mrc_path_delay",
              "mrc_ovl_owner", "mrc_probe_nonce", "mrc_admin", "mrc_rx_epoch",
-             "mrc_probe_rl", "mrc_auth", "mrc_acl")   # issue 4: bpf/reorder.h, bpf/spray.h
+             "mrc_probe_rl", "mrc_auth", "mrc_acl", "mrc_path_mtu")   # issue 4: bpf/reorder.h, bpf/spray.h
 
 
 def bpf_dir() -> Path:

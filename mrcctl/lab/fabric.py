@@ -305,8 +305,10 @@ class Fabric(Testbed):
                 # mrc answers probes with XDP_TX; a veth delivers those frames
                 # only to a peer that runs XDP (bpf/xdp_pass.bpf.c says why).
                 for i in (h for h in self.hosts() if self.leaf_of(h) == lf):
+                    # xdp.frags: veth refuses XDP without multi-buffer
+                    # support once the link's MTU exceeds a page (jumbo).
                     _run(["ip", "-n", ns, "link", "set", "dev", f"h{i}", "xdpdrv", "obj", str(XDP_PASS_OBJ),
-                          "sec", "xdp"])
+                          "sec", "xdp.frags"])
             for s in range(self.n_spines):
                 ns = self.spine_ns(p, s)
                 cmds, tc = [], []
@@ -459,6 +461,16 @@ class Fabric(Testbed):
         self._check_fabric_link(p, leaf, spine)
         _run(["ip", "-n", self.leaf_ns(p, leaf), "link", "set", f"s{spine}", "up" if up else "down"])
 
+    def link_mtu(self, p: int, leaf: int, spine: int, mtu: int | None = None) -> None:
+        """Set the link's MTU on both ends (None: the fabric's own). A smaller
+        one makes its routers answer full-size DF packets with ICMP
+        "fragmentation needed", as a misconfigured or tunnelled hop would."""
+        mtu = self.mtu if mtu is None else int(mtu)
+        if not 68 <= mtu <= 65535:
+            raise TestbedError("mtu must be 68..65535")
+        for ns, dev in self._link_ends(p, leaf, spine, "both"):
+            _run(["ip", "-n", ns, "link", "set", "dev", dev, "mtu", str(mtu)])
+
     def set_link_rate(self, p: int, leaf: int, spine: int, rate, direction: str = "both") -> None:
         bits = parse_rate(rate)
         for ns, dev in self._link_ends(p, leaf, spine, direction):
@@ -477,6 +489,7 @@ class Fabric(Testbed):
                 self.link_loss(p, lf, s, 0)
                 self.link_ecn_mark(p, lf, s, on=False)
                 self.link_carrier(p, lf, s, True)
+                self.link_mtu(p, lf, s)
         super().clear_faults(host, plane)
 
     # host links: the host's own egress, or with both=True the leaf's too

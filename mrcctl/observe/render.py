@@ -135,8 +135,9 @@ def _path_table(peer: dict) -> Table:
     tx_total = _sum(paths, "tx_packets") or 1
     title = f"peer {peer['name']} ({peer.get('overlay', '?')}, spray {peer.get('spray', '?')})"
     has_ooo = any(p.get("rx_ooo") for p in paths)
+    has_mtu = any(p.get("mtu") for p in paths)     # an ICMP narrowed a path (bpf/pmtu.h)
     cols = ["path", "plane", "EV", "state", "tx pkts", "tx B", "share", "rx pkts", "rx B", "rtt"]
-    t = _table(title, cols + (["ooo"] if has_ooo else []))
+    t = _table(title, cols + (["ooo"] if has_ooo else []) + (["mtu"] if has_mtu else []))
     for p in paths:
         row = [str(p.get("id", "?")), str(p.get("plane", "?")), str(p.get("ev", "?")),
                state_text(p.get("state", "UNKNOWN")),
@@ -145,6 +146,8 @@ def _path_table(peer: dict) -> Table:
                si(p.get("rx_packets")), si(p.get("rx_bytes")), duration_us(path_rtt_us(p))]
         if has_ooo:
             row.append(si(p.get("rx_ooo")))
+        if has_mtu:
+            row.append(str(p.get("mtu") or "-"))
         t.add_row(*row)
     return t
 

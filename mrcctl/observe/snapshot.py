@@ -63,6 +63,23 @@ def _with_slot_shares(dp: Datapath, pent: wire.Peer, peer: int, paths: list[dict
     return paths
 
 
+def _optional_map(dp: Datapath, name: str):
+    """A map a datapath loaded before it existed lacks: None."""
+    try:
+        return dp.map(name)
+    except MrcError:
+        return None
+
+
+def _path_mtu(m, key: bytes, now_ns: int) -> int | None:
+    """The path MTU an ICMP reported (bpf/pmtu.h) while in force."""
+    raw = m.lookup(key) if m is not None else None
+    if not raw:
+        return None
+    ent = wire.PathMtu.unpack(raw)
+    return ent.mtu if ent.mtu and now_ns - ent.ns <= wire.MRC_PMTU_AGE_NS else None
+
+
 def snapshot(cfg: cfgmod.Config, dp: Datapath | None = None, peers: set[str] | None = None) -> dict:
     """The instance's snapshot; `peers` (names) limits the per-peer part to
     those peers, and their maps are the only per-peer ones read."""
@@ -86,6 +103,7 @@ def _snapshot(cfg: cfgmod.Config, dp: Datapath, only: set[str] | None = None) ->
     stats_m = dp.map("mrc_path_stats")
     peers_m, seq_m = dp.map("mrc_peers"), dp.map("mrc_peer_seq")
     inst_state = dp.inst.read()
+    mtu_m = _optional_map(dp, "mrc_path_mtu")
     peers = []
     for peer in cfg.peers:
         if only is not None and peer.name not in only:
@@ -125,6 +143,7 @@ def _snapshot(cfg: cfgmod.Config, dp: Datapath, only: set[str] | None = None) ->
                 # path health (bpf/judge.h, bpf/evidence.h): send-to-evidence delay, relapses
                 "evidence_delay_ms": round(live.ev_rtt_us / 1000, 3) if live.ev_rtt_us else None,
                 "flaps": live.flaps,
+                "mtu": _path_mtu(mtu_m, key, now_ns),
             })
         peers.append({
             "name": peer.name,

@@ -67,6 +67,9 @@ def configure(dp) -> tuple[RxModel, TxModel]:
     rx.add_source(WIDE_PEER_SRC, WIDE_PEER)
     rx.n_paths = {PEER: len(PATHS), EMPTY_PEER: 0, WIDE_PEER: wire.MRC_MAX_PATHS}
     rx.path_plane = {(PEER, i): p.plane for i, p in enumerate(PATHS)}   # WIDE_PEER: all plane 0
+    rx.pmtu_paths = {(PEER, i): (p.family, p.plane, p.ev, wire.addr_bytes(p.saddr, p.family).ljust(16, b"\0"))
+                     for i, p in enumerate(PATHS)}
+    rx.psn_next = {PEER: 0}                           # no tx runs in the rx fuzz
     rx.add_owner(PEER_OVERLAY, PEER)
     rx.add_owner(LOCAL_OVERLAY, wire.MRC_OWNER_LOCAL)
     rx.add_owner(WIDE_PEER_OVERLAY, WIDE_PEER)
@@ -84,10 +87,13 @@ def configure(dp) -> tuple[RxModel, TxModel]:
 def reset_evidence(dp) -> None:
     """Forget the evidence the rx frames left (genuine probe replies and
     feedback echoes make some path the freshest, where mrc_tx steers TCP
-    retransmissions): the tx model assumes the configured slot table."""
+    retransmissions), and the path MTUs genuine ICMP too-big frames recorded
+    (bpf/pmtu.h): the tx model assumes the configured slot table and no
+    path MTU."""
     dp.set_seq(PEER)
     for i in range(len(PATHS)):
         dp.set_live(i)
+        dp.maps["mrc_path_mtu"].update(wire.path_key(PEER, i), wire.PathMtu().pack())
 
 
 # ------------------------------------------------------------------ seeds
@@ -146,8 +152,31 @@ def mrc_seed(rng: random.Random, family: int, mtype: int = wire.MsgType.DATA, re
         src, PATHS[1].saddr, pkt.IPPROTO_UDP, payload, flow=rng.getrandbits(20), tc=_tos(rng))
 
 
+def icmp_seed(rng: random.Random) -> bytes:
+    """A router's frag-needed / packet-too-big quoting one of our own DATA
+    frames (bpf/pmtu.h), genuine or not: PSNs in and out of the window,
+    MTUs around the quoted length, short quotes."""
+    pid = rng.choice([0, 1, 2, 3])
+    p = PATHS[pid]
+    hdr = wire.encode_mrc_hdr(path_id=rng.choice([pid, pid, 2, 3]),
+                              psn=rng.choice([0xFFFFFFF0, 0xFFF00000, 0, 5, rng.getrandbits(32)]))
+    payload = pkt.udp(rng.choice([p.ev, p.ev, 49160]), rng.choice([UDP_PORT, UDP_PORT, 53]),
+                      hdr + rng.randbytes(rng.choice([0, 100, 1400])))
+    mtu = rng.choice([0, 576, 1000, 1300, 1500, rng.getrandbits(16)])
+    if p.family == 4:
+        q = pkt.ipv4(p.saddr, p.daddr, pkt.IPPROTO_UDP, payload)
+        q = q[:rng.choice([28, 56, 548, len(q)])]
+        body = struct.pack("!BBHHH", 3, rng.choice([4, 4, 3]), 0, 0, mtu) + q
+        return pkt.eth(OUR_MAC, PEER_MAC, pkt.ETH_P_IP) + pkt.ipv4("203.0.113.1", p.saddr, 1, body)
+    q = pkt.ipv6(p.saddr, p.daddr, pkt.IPPROTO_UDP, payload)[:rng.choice([48, 76, 1232])]
+    body = struct.pack("!BBHI", rng.choice([2, 2, 1]), 0, 0, mtu) + q
+    return pkt.eth(OUR_MAC, PEER_MAC, pkt.ETH_P_IPV6) + pkt.ipv6("fd00:1::99", p.saddr, 58, body)
+
+
 def other_seed(rng: random.Random) -> bytes:
-    k = rng.randrange(9)
+    k = rng.randrange(10)
+    if k == 9:
+        return icmp_seed(rng)
     e4 = pkt.eth(OUR_MAC, PEER_MAC, pkt.ETH_P_IP)
     e6 = pkt.eth(OUR_MAC, PEER_MAC, pkt.ETH_P_IPV6)
     if k == 0:                                       # TCP, sometimes to/from the MRC port

@@ -34,6 +34,8 @@ ETH_P_8021Q = 0x8100
 ETH_P_8021AD = 0x88A8
 IPPROTO_TCP = 6
 IPPROTO_UDP = 17
+IPPROTO_ICMP = 1
+IPPROTO_ICMPV6 = 58
 IPV6_FRAGMENT = 44
 UDP_HLEN = 8
 MRC_HDR = wire.MRC_HDR_LEN
@@ -79,6 +81,10 @@ class RxModel:
     path_plane: dict = field(default_factory=dict)
     owners: dict = field(default_factory=dict)
     probes: dict = field(default_factory=dict)   # (peer, path) -> {ring slot: (seq, nonce)}
+    # path MTU (bpf/pmtu.h): (peer, path) -> (family, plane, EV, 16-byte
+    # source address); peer -> the next PSN the sender would send
+    pmtu_paths: dict = field(default_factory=dict)
+    psn_next: dict = field(default_factory=dict)
 
     def add_probe(self, peer: int, path: int, seq: int, nonce: int) -> None:
         """The agent sent probe `seq` on (peer, path) with `nonce`."""
@@ -132,6 +138,8 @@ class RxModel:
             if n < ETH_HLEN + 20:
                 return PASS
             ver, ihl = f[14] >> 4, f[14] & 0x0F
+            if ver == 4 and ihl >= 5 and f[14 + 9] == IPPROTO_ICMP and not _u16(f, 20) & 0x3FFF:
+                return self._icmp(f, 4, ETH_HLEN + ihl * 4, ingress, port)
             if ver != 4 or f[14 + 9] != IPPROTO_UDP or ihl < 5:
                 return PASS
             frag = _u16(f, 14 + 6)
@@ -154,6 +162,8 @@ class RxModel:
             if n < ETH_HLEN + 40 or f[14] >> 4 != 6:
                 return PASS
             nh = f[14 + 6]
+            if nh == IPPROTO_ICMPV6:
+                return self._icmp(f, 6, 54, ingress, port)
             if nh == IPV6_FRAGMENT:
                 if n < 54 + 8:
                     return PASS
@@ -242,6 +252,52 @@ class RxModel:
         # Decapsulated: the outer MACs, ethertype IPv4, then everything
         # after the MRC header (Ethernet padding included).
         return Verdict(XDP_PASS, None, f[0:12] + b"\x08\x00" + bytes(inner), moff)
+
+    def _icmp(self, f: bytes, family: int, off: int, ingress: int, port: int) -> Verdict:
+        """An ICMP error on a plane (docs/hostile-input.md, "ICMP too big"):
+        a frag-needed / packet-too-big quoting a frame to our port must name
+        one of our paths exactly (pmtu_paths, psn_next) and a sane MTU."""
+        n, PASS = len(f), Verdict(XDP_PASS, None, f)
+        bad = Verdict(XDP_DROP, R.RX_PMTU_BAD)
+        if off + 8 > n:
+            return PASS
+        if family == 4:
+            if (f[off], f[off + 1]) != (3, 4):
+                return PASS
+            mtu, floor = _u16(f, off + 6), 576
+        else:
+            if (f[off], f[off + 1]) != (2, 0):
+                return PASS
+            mtu, floor = _u32(f, off + 4), 1280
+        q = off + 8
+        if family == 4:
+            if q + 20 > n or f[q] >> 4 != 4 or f[q] & 0x0F < 5:
+                return PASS
+            if f[q + 9] != IPPROTO_UDP or _u16(f, q + 6) & 0x3FFF or f[q] & 0x0F != 5:
+                return PASS
+            qlen, saddr, daddr, u = _u16(f, q + 2), f[q + 12:q + 16], f[q + 16:q + 20], q + 20
+        else:
+            if q + 40 > n or f[q] >> 4 != 6 or f[q + 6] != IPPROTO_UDP:
+                return PASS
+            qlen, saddr, daddr, u = 40 + _u16(f, q + 4), f[q + 8:q + 24], f[q + 24:q + 40], q + 40
+        if u + UDP_HLEN > n or _u16(f, u + 2) != port:
+            return PASS
+        m = u + UDP_HLEN
+        if m + MRC_HDR > n or f[m] != wire.MRC_VERSION << 4 | wire.MsgType.DATA:
+            return bad
+        peer, plane = self.rx_peers.get((ingress, family, daddr.ljust(16, b"\0")), (None, None))
+        if peer is None or peer >= wire.MRC_MAX_PEERS:
+            return bad
+        pid = _u16(f, m + 2)
+        if pid >= self.n_paths.get(peer, 0):
+            return bad
+        want = self.pmtu_paths.get((peer, pid))
+        if want != (family, plane, _u16(f, u), saddr.ljust(16, b"\0")):
+            return bad
+        delta = (self.psn_next.get(peer, 0) - _u32(f, m + 4)) & 0xFFFFFFFF
+        if delta == 0 or delta > 1 << 20 or mtu == 0 or mtu >= qlen:
+            return bad
+        return Verdict(XDP_DROP, R.RX_PMTU)
 
     @staticmethod
     def _probe_reply(f: bytes, family: int, uoff: int, moff: int) -> bytes:
