@@ -29,6 +29,7 @@ def fz(dp):
     return fuzzgen.Runner(dp, rx, tx)
 
 
+@pytest.mark.usefixtures("rx_hook")
 def test_rx_fuzz_matches_model(fz):
     res = fz.run("rx", fuzzgen.rx_frames(random.Random(20260611), RX_FRAMES))
     assert res.frames == RX_FRAMES
@@ -52,6 +53,7 @@ def test_tx_fuzz_matches_model(fz):
         assert res.verdicts[label] > TX_FRAMES // 50, dict(res.verdicts)
 
 
+@pytest.mark.usefixtures("rx_hook")
 def test_model_catches_a_wrong_verdict(fz):
     """The runner is not vacuous: a model that disagrees with the program on
     one rule (here: pretending IPv4 options are accepted) is caught."""

@@ -21,6 +21,9 @@ from unit_dp import (LO_IFINDEX, LOCAL_OVERLAY, OVL_DMAC, OVL_SMAC, PATHS, PEER,
                      TC_ACT_REDIRECT, TC_ACT_SHOT, UDP_PORT, XDP_DROP, XDP_PASS, XDP_TX, drops_delta,
                      now_us)
 
+# every test here runs against mrc_rx (XDP) and mrc_rx_tc (tc ingress)
+pytestmark = pytest.mark.usefixtures("rx_hook")
+
 R = wire.Reason
 V4_SRC, V4_DST = PATHS[0].daddr, PATHS[0].saddr
 V6_SRC, V6_DST = PATHS[1].daddr, PATHS[1].saddr

@@ -13,6 +13,9 @@ from unit_dp import (LO_IFINDEX, LOCAL_OVERLAY, OUR_MAC, PATHS, PEER, PEER_MAC, 
                      XDP_PASS, XDP_TX, drops_delta, now_us)
 from mrcctl.datapath import abi as wire
 
+# every test here runs against mrc_rx (XDP) and mrc_rx_tc (tc ingress)
+pytestmark = pytest.mark.usefixtures("rx_hook")
+
 inner_ip, mrc_frame = pkt.inner_ip, pkt.mrc_frame
 
 
