@@ -128,8 +128,8 @@ static __always_inline __u32 rx_seg_count(const struct mrc_hdr *mh,
 }
 
 /* len: the frame's bytes (a tc skb's may lie beyond data_end); multi: the
- * buffer may hold several wire segments of one unit (a constant per hook,
- * so XDP carries none of that code). */
+ * buffer may hold several wire segments of one unit (a GSO skb; constant
+ * false for XDP, which then carries none of that code). */
 static __always_inline __u32 rx_process(void *data, void *data_end, __u32 ifindex,
 					__u32 len, bool multi, struct mrc_frame *f)
 {
@@ -335,8 +335,11 @@ int mrc_rx_tc(struct __sk_buff *skb)
 		data = (void *)(long)skb->data;
 		data_end = (void *)(long)skb->data_end;
 	}
-	return rx_exit_tc(skb, &f, rx_process(data, data_end, skb->ifindex,
-					      skb->len, true, &f));
+	/* A GSO skb is several wire segments: the sender's encap left
+	 * gso_size (FIXED_GSO) and reset gso_segs, so either marks one. A
+	 * plain skb is one wire segment, whatever its header claims. */
+	return rx_exit_tc(skb, &f, rx_process(data, data_end, skb->ifindex, skb->len,
+					      skb->gso_size || skb->gso_segs > 1, &f));
 }
 
 char _license[] SEC("license") = "Dual BSD/GPL";

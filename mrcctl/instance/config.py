@@ -26,12 +26,20 @@ class ConfigError(ValueError):
     """Invalid configuration or input; the message is one line."""
 
 
+# plane[].rx_hook: where mrc's receive program runs on the plane. "auto"
+# is decided at `up` from the device (topology.auto_rx_hook): tc ingress on
+# virtual devices (native XDP on a veth turns TSO off on its peer, and every
+# unit is then segmented in software), XDP on NICs.
+RX_HOOKS = ("auto", "xdp", "tc")
+
+
 @dataclass(frozen=True)
 class Plane:
     index: int
     device: str
     weight: int = 1
     address: ipaddress.IPv4Address | ipaddress.IPv6Address | None = None
+    rx_hook: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -273,7 +281,7 @@ def _build(doc: dict, source: str, digest: str) -> Config:
     for i, p in enumerate(planes_raw):
         where = f"plane[{i}]"
         p = _typed(where, p, dict)
-        _check_keys(where, p, {"device", "weight", "address"})
+        _check_keys(where, p, {"device", "weight", "address", "rx_hook"})
         if "device" not in p:
             raise ConfigError(f"{where}.device: missing")
         dev = _ifname(f"{where}.device", p["device"])
@@ -283,7 +291,10 @@ def _build(doc: dict, source: str, digest: str) -> Config:
             raise ConfigError(f"{where}.device: duplicate plane {dev!r}")
         weight = _int_in(f"{where}.weight", p.get("weight", 1), 0, 1000)
         address = _ip(f"{where}.address", p["address"]) if "address" in p else None
-        planes.append(Plane(index=i, device=dev, weight=weight, address=address))
+        rx_hook = _typed(f"{where}.rx_hook", p.get("rx_hook", "auto"), str)
+        if rx_hook not in RX_HOOKS:
+            raise ConfigError(f"{where}.rx_hook: {rx_hook!r} is not one of {', '.join(RX_HOOKS)}")
+        planes.append(Plane(index=i, device=dev, weight=weight, address=address, rx_hook=rx_hook))
 
     health = _health(doc.get("health", {}))
 
