@@ -233,12 +233,12 @@ def mrc_config(lab: Lab, rates: list, spray: str, mode: str, by_rate: bool, gso,
 
 
 def run_scenario(name: str, rates: list, seconds: float, methods: list[str], tmp: Path, evs: int,
-                 log) -> list[dict]:
+                 log, prefix: str = PREFIX) -> list[dict]:
     rows = []
     planes = len(rates)
     total = sum(rate_bits(r) for r in rates) / 1e9
     (tmp / name).mkdir(exist_ok=True)
-    with Lab(tmp / name, hosts=2, planes=planes, rates=rates, evs=evs, prefix=PREFIX) as lab:
+    with Lab(tmp / name, hosts=2, planes=planes, rates=rates, evs=evs, prefix=prefix) as lab:
         for i in (0, 1):
             lab.write_config(i, evs=evs)
         for m in methods:
@@ -474,10 +474,10 @@ while time.monotonic() < end:
 """
 
 
-def up_latency_and_rss(tmp: Path, log) -> dict:
+def up_latency_and_rss(tmp: Path, log, prefix: str = PREFIX) -> dict:
     out = {}
     (tmp / "uplat").mkdir(exist_ok=True)
-    with Lab(tmp / "uplat", hosts=2, planes=4, evs=4, prefix=PREFIX,
+    with Lab(tmp / "uplat", hosts=2, planes=4, evs=4, prefix=prefix,
              extra='[weights]\nmode = "adaptive"\n') as lab:
         lab.up([1])
         ready = tmp / "uplat-ready"
@@ -577,6 +577,7 @@ def report(rows: list[dict], cost: dict, uplat: dict, args, started: float, load
           (f" --seconds {args.seconds:g}" if args.seconds != (2 if args.quick else 5) else "") + \
           (f" --scenarios {args.scenarios}" if args.scenarios else "") + \
           (f" --methods '{args.methods}'" if args.methods else "") + (" --skip-cost" if args.skip_cost else "") + \
+          (" --skip-startup" if args.skip_startup else "") + (f" --prefix {args.prefix}" if args.prefix != PREFIX else "") + \
           (f" --out {os.path.relpath(args.out, REPO)}" if Path(args.out) != OUT_DIR / "aggregation" else "")
     lines = ["# Aggregation benchmark: one TCP connection over many planes", "",
              f"Command: `{cmd}`  ", f"Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(started))}, "
@@ -647,6 +648,14 @@ def report(rows: list[dict], cost: dict, uplat: dict, args, started: float, load
               f"* Resident memory of the agent (`mrcctl agent`, the only process mrc leaves running; the "
               f"datapath is BPF in the kernel): {uplat.get('agent_rss_kib_idle')} KiB idle, "
               f"{uplat.get('agent_rss_kib_after_traffic')} KiB after a transfer with adaptive weights.", ""]
+    # sections of parts this run skipped (--skip-cost, --skip-startup) go
+    cpu = cpu_table(rows)
+    if not uplat:
+        lines = lines[:lines.index("## Start-up and memory")]
+    if not cost:
+        start = lines.index("## Per-packet cost (BPF_PROG_TEST_RUN)")
+        lines = lines[:start] + cpu + lines[start + lines[start:].index(cpu[0]) + len(cpu):] if cpu else \
+            lines[:start]
     return "\n".join(lines) + "\n"
 
 
@@ -775,6 +784,8 @@ def main(argv=None) -> int:
     ap.add_argument("--scenarios", default=None, help="comma list of " + ",".join(SCENARIOS))
     ap.add_argument("--methods", default=None, help="comma list: only these methods of each scenario")
     ap.add_argument("--skip-cost", action="store_true", help="no per-packet cost runs")
+    ap.add_argument("--skip-startup", action="store_true", help="no up-latency / agent memory run")
+    ap.add_argument("--prefix", default=PREFIX, help="namespace name prefix (one of your own on a shared machine)")
     ap.add_argument("--out", default=str(OUT_DIR / "aggregation"), help="output path without extension")
     args = ap.parse_args(argv)
     err = preflight("bench_aggregate.py", "namespaces, BPF")
@@ -805,8 +816,8 @@ def main(argv=None) -> int:
         tmp = Path(tmp)
         cost = {} if args.skip_cost else per_packet_cost(packets, log)
         for scen, methods in plan.items():
-            rows += run_scenario(scen, SCENARIOS[scen], args.seconds, methods, tmp, 4, log)
-        uplat = up_latency_and_rss(tmp, log)
+            rows += run_scenario(scen, SCENARIOS[scen], args.seconds, methods, tmp, 4, log, args.prefix)
+        uplat = {} if args.skip_startup else up_latency_and_rss(tmp, log, args.prefix)
     load["after"] = round(os.getloadavg()[0], 2)
     out = Path(args.out)
     png = plot(rows, out.with_suffix(".png"))
