@@ -106,8 +106,9 @@ def busy_jiffies() -> tuple[int, int]:
 
 
 def machine_cpu(fn) -> tuple[dict, float, float]:
-    """Run fn(); returns (its result, machine busy CPU seconds during it,
-    the busy CPU seconds the same span cost before it with no traffic)."""
+    """Run fn(); returns (its result, with background_busy_pct: how busy the
+    machine was in the second before; machine busy CPU seconds during it; the
+    busy CPU seconds the same span cost before it with no traffic)."""
     hz = os.sysconf("SC_CLK_TCK")
     b0, _ = busy_jiffies()
     time.sleep(1.0)
@@ -116,6 +117,7 @@ def machine_cpu(fn) -> tuple[dict, float, float]:
     out = fn()
     dt = time.monotonic() - t0
     b2, _ = busy_jiffies()
+    out["background_busy_pct"] = round(100 * (b1 - b0) / hz / (os.cpu_count() or 1))
     return out, (b2 - b1) / hz, (b1 - b0) / hz * dt
 
 
@@ -132,14 +134,15 @@ def throttles(lab: Lab) -> int:
 
 def measured(lab: Lab, fn, mrc: bool) -> dict:
     n0 = lab.nstat(0)
-    r0 = lab.status(1)["peers"][0].get("reorder") if mrc else None
+    snap0 = lab.status(1) if mrc else None
+    r0 = snap0["peers"][0].get("reorder") if mrc else None
     t0, q0 = time.monotonic(), throttles(lab)
     out, busy, idle_busy = machine_cpu(fn)
     if out.get("gbytes"):
         # the whole machine (both hosts, every softirq and kthread) during the
         # run, less what it was busy with in the second before: other tenants
         out["machine_cpu_s_per_gb"] = round(max(0.0, busy - idle_busy) / out["gbytes"], 3)
-        out["background_cpu_s"] = round(idle_busy, 2)
+        out["machine_busy_s_per_gb"] = round(busy / out["gbytes"], 3)
     out["throttles_per_s"] = round((throttles(lab) - q0) / (time.monotonic() - t0))
     n1 = lab.nstat(0)
     for k in NSTAT_KEYS:
@@ -149,7 +152,16 @@ def measured(lab: Lab, fn, mrc: bool) -> dict:
     # segments the receiver reported as received twice (DSACK): spurious retransmissions
     out["spurious_pct"] = round(100 * out["TcpExtTCPDSACKRecvSegs"] / segs, 2) if segs else None
     if mrc and r0 is not None:
-        r1 = lab.status(1)["peers"][0]["reorder"]
+        snap1 = lab.status(1)
+        r1 = snap1["peers"][0]["reorder"]
+        # wire segments per skb the receive hook got: 1 with XDP on a veth
+        # (its peer lost TSO), the GSO unit's size with tc ingress
+        h0, h1 = snap0.get("health", {}), snap1.get("health", {})
+        units = h1.get("rx_gso_units", 0) - h0.get("rx_gso_units", 0)
+        segs = h1.get("rx_gso_segs", 0) - h0.get("rx_gso_segs", 0)
+        rx = r1["rx_packets"] - r0["rx_packets"]
+        out["rx_hook"] = ",".join(sorted({p.get("rx_hook") or "?" for p in snap1.get("planes", [])}))
+        out["rx_wire_per_skb"] = round(rx / (rx - segs + units), 2) if rx - segs + units > 0 else None
         out["reorder"] = {k: r1[k] - r0[k] for k in ("rx_packets", "ooo", "dup", "lost", "late")}
         out["reorder"]["hist"] = {k: r1["hist"][k] - r0["hist"].get(k, 0) for k in r1["hist"]
                                   if r1["hist"][k] - r0["hist"].get(k, 0)}
@@ -554,17 +566,23 @@ def cpu_table(rows: list[dict]) -> list[str]:
            "`machine`: busy CPU seconds of the whole machine (/proc/stat: every state but idle, iowait "
            "and steal; both hosts, all softirq and kernel threads) during the iperf3 run, less the "
            "busy seconds the same span took in the second before it with no traffic (other tenants), "
-           "per GB the receiver got. `sender` / `receiver`: the CPU iperf3 reports for its own client "
+           "per GB the receiver got; `background %` is that second's busy share of all CPUs: near 100 % "
+           "the machine was already full and `machine` says nothing (`busy` is the raw figure). `sender` / `receiver`: the CPU iperf3 reports for its own client "
            "and server process (getrusage); this kernel has tick-based accounting without "
            "IRQ_TIME_ACCOUNTING, so softirq work done in a process's context (veth transmit, and "
            "receive processing run on the way out of a syscall) is charged to that process, "
            "work done in ksoftirqd to neither. Lower is better.", "",
-           "| scenario | method | Gbit/s | GB | machine s/GB | sender s/GB | receiver s/GB | background s |",
-           "|---|---|---|---|---|---|---|---|"]
+           "`rx hook` and `wire pkts / skb`: the receive program the planes got and how many wire packets "
+           "each skb it handled carried on average (mrc_hstats.rx_gso_units / rx_gso_segs).", "",
+           "| scenario | method | rx hook | wire pkts / skb | Gbit/s | GB | machine s/GB | busy s/GB | sender s/GB | "
+           "receiver s/GB | background % |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        out.append(f"| {r['scenario']} | {r['method']} | {fmt(r.get('gbps'), 3)} | {fmt(r.get('gbytes'))} | "
-                   f"{fmt(r.get('machine_cpu_s_per_gb'), 3)} | {fmt(r.get('snd_cpu_s_per_gb'), 3)} | "
-                   f"{fmt(r.get('rcv_cpu_s_per_gb'), 3)} | {fmt(r.get('background_cpu_s'))} |")
+        out.append(f"| {r['scenario']} | {r['method']} | {r.get('rx_hook', '–')} | "
+                   f"{fmt(r.get('rx_wire_per_skb'))} | {fmt(r.get('gbps'), 3)} | {fmt(r.get('gbytes'))} | "
+                   f"{fmt(r.get('machine_cpu_s_per_gb'), 3)} | {fmt(r.get('machine_busy_s_per_gb'), 3)} | "
+                   f"{fmt(r.get('snd_cpu_s_per_gb'), 3)} | "
+                   f"{fmt(r.get('rcv_cpu_s_per_gb'), 3)} | {fmt(r.get('background_busy_pct'))} |")
     return out + [""]
 
 
