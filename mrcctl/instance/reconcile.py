@@ -147,7 +147,13 @@ def _apply(cfg, inst, nl, planes, mtu, digest, prior) -> str:
     inst.write(state)     # from here on `down` can find and undo everything
 
     loaded = None
-    if prior.get("objects_digest") != digest or not programs_alive(prior):
+    # Only the programs attached somewhere outlive `up` (the kernel frees an
+    # unattached one when the loader lets go), so a plane moving to the
+    # other hook needs that program loaded again.
+    hooks = {rt.plane.device: rx_hook_of(rt.plane, nl) for rt in planes}
+    needed = {TX_PROG} | {RX_TC_PROG if h == "tc" else RX_PROG for h in hooks.values()}
+    if prior.get("objects_digest") != digest or not programs_alive(prior) or \
+            not needed <= set(prior.get("prog_ids", {})):
         loaded = _step("loading BPF programs", load_objects, running_maps(prior))
         state.update(prog_ids=loaded.prog_ids, map_ids=loaded.map_ids, objects_digest=digest)
         inst.write(state)
@@ -178,26 +184,25 @@ def _apply(cfg, inst, nl, planes, mtu, digest, prior) -> str:
 
     with Datapath(inst) as dp:
         _step("filling the maps", fill_maps, dp, cfg, planes, overlay_ifindex, macs)
-        rx = _step("opening the receive program", dp.program, RX_PROG)
-        rx_tc = _step("opening the tc receive program", dp.program, RX_TC_PROG)
-        tx = _step("opening the transmit program", dp.program, TX_PROG)
+        progs = {name: _step(f"opening {name}", dp.program, name) for name in sorted(needed)}
         try:
             state["rx_hooks"] = {}
             for rt in planes:
-                hook = rx_hook_of(rt.plane, nl)
+                hook = hooks[rt.plane.device]
                 state["rx_hooks"][rt.plane.device] = hook
                 inst.write(state)     # `down` must know which hook to undo
                 if hook == "tc":
-                    _attach_rx_tc(nl, rt.plane.device, rx_tc.fd, state)
+                    _attach_rx_tc(nl, rt.plane.device, progs[RX_TC_PROG].fd, state)
                 else:
-                    _attach_rx_xdp(nl, rt.plane.device, rx.fd, state, prior)
+                    _attach_rx_xdp(nl, rt.plane.device, progs[RX_PROG].fd, state, prior)
             if nl.tc_egress_prog_id(cfg.overlay_device) != state["prog_ids"][TX_PROG]:
                 _step(f"attaching tc egress to {cfg.overlay_device}", nl.attach_tc_egress,
-                      cfg.overlay_device, tx.fd, TX_PROG)
+                      cfg.overlay_device, progs[TX_PROG].fd, TX_PROG)
         finally:
-            rx.close()
-            rx_tc.close()
-            tx.close()
+            for p in progs.values():
+                p.close()
+        # the record names the programs that stay: the attached ones
+        state["prog_ids"] = {k: v for k, v in state["prog_ids"].items() if k in needed}
 
     # Planes dropped from the config: detach our program, restore rp_filter.
     for dev in set(state["planes"]) - {p.device for p in cfg.planes}:
