@@ -99,6 +99,18 @@ def test_multi_peer_gets_a_peer_column():
     assert lines[2].split()[0] == "peer"
 
 
+def test_top_with_many_peers_shows_trouble_first():
+    names = tuple(f"n{i:03d}" for i in range(100))
+    prev, cur = snap(1, names, bad_plane=9), snap(2, names, bad_plane=9)     # all GOOD ...
+    cur["peers"][77]["paths"][5]["state"] = "ASSUMED_BAD"                    # ... but one EV
+    view = View(folded=True)
+    lines = [t.plain for t in build_frame(cur, compute_rates(prev, cur, 1.0), [], view, 100, 24)]
+    assert "100 peers" in lines[0] and len(lines[0]) <= 100
+    rows = [ln.split() for ln in lines[3:]]
+    assert rows[0][:2] == ["n077", "p1h1"] and rows[0][3] == "MIXED"
+    assert any("more rows" in ln for ln in lines)
+
+
 def test_event_lines(tmp_path):
     f = tmp_path / "events.jsonl"
     tail = EventTail(f)
@@ -134,6 +146,47 @@ def test_compact_numbers():
     assert render.percent(0.0123) == "1.2%" and render.percent(None) == "-"
 
 
+def _status_text(s: dict, view: str = "auto") -> str:
+    from rich.console import Console
+    console = Console(width=80, record=True, force_terminal=False)
+    s.update(planes=[{"device": "p0h1", "weight": 1}], overlay={"device": "mrc0", "address": "a", "mtu": 1444,
+                                                                "udp_port": 4794})
+    render.print_status(s, console, view=view)
+    text = console.export_text()
+    assert all(len(ln) <= 80 for ln in text.splitlines()) and "…" not in text
+    return text
+
+
+def test_status_views_put_trouble_first():
+    s = snap(1, peers=("calm", "hurt"))
+    for p in s["peers"][0]["paths"]:
+        p["state"] = "GOOD"
+    text = _status_text(s)                                 # 32 paths: a row each
+    assert text.index("peer hurt") < text.index("peer calm")
+    assert render.choose_view(s) == "paths"
+    text = _status_text(s, "planes")
+    rows = [ln.split() for ln in text.splitlines() if ln.strip().startswith("p1h1")]
+    assert rows[0][:3] == ["p1h1", "4", "ASSUMED_BAD"] and rows[1][:3] == ["p1h1", "4", "GOOD"]
+    many = snap(1, peers=tuple(f"n{i:04d}" for i in range(200)), evs=8)
+    many["peers"][150]["paths"][0]["state"] = "DENIED"
+    assert render.choose_view(many) == "peers"
+    text = _status_text(many)
+    rows = [ln.split() for ln in text.splitlines() if ln.strip().startswith("n0")]
+    assert len(rows) == 200
+    assert rows[0][0] == "n0150" and rows[0][2] == "23/32" and rows[0][3] == "MIXED"
+    assert rows[1][0] == "n0000" and rows[1][2] == "24/32"
+    mixed = snap(1, peers=("a",) * 2, evs=32)
+    assert render.choose_view(mixed) == "planes"
+
+
+def test_status_peer_filter_names_unknown_peers():
+    from mrcctl.errors import InputError
+    from mrcctl.observe.snapshot import snapshot
+    cfg = config.parse(BASE)
+    with pytest.raises(InputError, match="no peer named nope"):
+        snapshot(cfg, peers={"nope"})
+
+
 def test_status_table_fits_80_columns():
     from rich.console import Console
     console = Console(width=80, record=True, force_terminal=False)
@@ -162,7 +215,7 @@ def test_exporter_families_from_a_snapshot():
 
     class C:
         def collect(self):
-            return list(families(s, 7))
+            return list(families(s, 7, per_path=True))
     reg = CollectorRegistry(auto_describe=False)
     reg.register(C())
     fams = {f.name: f for f in text_string_to_metric_families(generate_latest(reg).decode())}
@@ -194,7 +247,57 @@ def _reg(fn):
     return reg
 
 
+def _scrape(s: dict, per_path: bool = False) -> dict:
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from mrcctl.observe.exporter import families
+    return {f.name: f for f in text_string_to_metric_families(
+        generate_latest(_reg(lambda: families(s, 0, per_path=per_path))).decode())}
+
+
+def test_exporter_aggregates_by_default_and_series_per_peer_are_fixed():
+    fams = _scrape(snap(2, peers=("h1", "h2")))
+    assert not [n for n in fams if n.startswith("mrc_path_")]          # per-path is opt-in
+    tx = {x.labels["peer"]: x.value for x in fams["mrc_peer_tx_packets"].samples}
+    assert tx == {"h1": sum(2000 * (i + 1) for i in range(16)), "h2": tx["h1"]}
+    planes = {x.labels["plane"]: x.value for x in fams["mrc_plane_tx_bytes"].samples}
+    assert planes["p0h1"] == 2 * sum(2_800_000 * (i + 1) for i in range(4))      # both peers' EVs 0-3
+    bad = {(x.labels["peer"], x.labels["state"]): x.value for x in fams["mrc_peer_paths"].samples}
+    assert bad[("h1", "ASSUMED_BAD")] == 4 and bad[("h1", "GOOD")] == 12 and bad[("h1", "DENIED")] == 0
+    assert {(x.labels["plane"], x.labels["state"]): x.value
+            for x in fams["mrc_plane_paths"].samples}[("p1h1", "ASSUMED_BAD")] == 8
+    assert fams["mrc_peer_rtt_seconds"].samples[0].value == pytest.approx(127.5e-6)
+
+    def series(s, per_path=False):
+        return sum(len(f.samples) for f in _scrape(s, per_path).values())
+
+    def full(s):       # every per-peer field a real snapshot has (observe/snapshot.py)
+        for pe in s["peers"]:
+            pe["tx_psn"] = 7
+            pe["reorder"] = {**dict.fromkeys(("rx_packets", "ooo", "dup", "lost", "late", "unmarked",
+                                              "net_lost", "resync", "ooo_ratio", "loss_ratio"), 0),
+                             "hist": {str(b): 0 for b in range(16)}}
+            for p in pe["paths"]:
+                p["evidence_age_ms"] = 1.0
+        return s
+    # what one more peer costs does not depend on its number of paths
+    one, two = series(full(snap(1, peers=("a",)))), series(full(snap(1, peers=("a", "b"))))
+    wide = series(full(snap(1, peers=("a", "b"), planes=4, evs=32)))
+    assert two - one == PER_PEER_SERIES and wide == two
+    assert series(snap(1, peers=("a", "b")), per_path=True) >= series(snap(1, peers=("a", "b"))) + 2 * 16 * 10
+
+
+# as docs/operator-guide.md states: 9 counters, 3 path-state counts, RTT, evidence age, tx PSN,
+# and the reorder table (10 numbers and 16 histogram buckets)
+PER_PEER_SERIES = 9 + 3 + 1 + 1 + 1 + 10 + 16
+
+
 def test_metrics_config():
+    assert config.parse(BASE).metrics_per_path is False
+    assert config.parse(BASE + '[metrics]\nper_path = true\n').metrics_per_path is True
+    with pytest.raises(config.ConfigError, match="true or false"):
+        config.parse(BASE + '[metrics]\nper_path = 1\n')
     assert config.parse(BASE).metrics_listen is None
     assert config.parse(BASE + '[metrics]\nlisten = "127.0.0.1:9477"\n').metrics_listen == "127.0.0.1:9477"
     assert config.parse(BASE + '[metrics]\nlisten = "[::1]:9477"\n').metrics_listen == "[::1]:9477"

@@ -14,17 +14,22 @@ from .common import CONFIG_OPT, load_config, need_privileges
 @click.command()
 @CONFIG_OPT
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON object (schema: docs/status.schema.json).")
-def status(config_path, as_json):
-    """Per-peer, per-path state and counters."""
+@click.option("--peer", "peers", multiple=True, metavar="NAME",
+              help="Only this peer (repeatable); the others' maps are not read.")
+@click.option("--view", type=click.Choice(["auto", "paths", "planes", "peers"]), default="auto", show_default=True,
+              help="Text output: a row per path, per plane of each peer, or per peer (auto: by how many paths "
+                   "there are).")
+def status(config_path, as_json, peers, view):
+    """Per-peer, per-path state and counters; peers in trouble first."""
     cfg = load_config(config_path)
     need_privileges(net=False)
     from ..observe import snapshot
-    snap = snapshot.snapshot(cfg)
+    snap = snapshot.snapshot(cfg, peers=set(peers) if peers else None)
     if as_json:
         click.echo(json.dumps(snap, indent=2))
     else:
         from ..observe.render import print_status
-        print_status(snap)
+        print_status(snap, view=view)
 
 
 @click.command()
@@ -48,12 +53,16 @@ def top(config_path, interval, once, fold):
 @CONFIG_OPT
 @click.option("--listen", metavar="HOST:PORT", default=None,
               help="Address to serve /metrics on (default: [metrics] listen, else 127.0.0.1:9477).")
-def exporter(config_path, listen):
-    """Serve Prometheus metrics of the instance in the foreground."""
+@click.option("--per-path/--aggregates-only", default=None,
+              help="Also serve one series per path (default: [metrics] per_path, else off).")
+def exporter(config_path, listen, per_path):
+    """Serve Prometheus metrics of the instance in the foreground.
+
+    Per-peer and per-plane aggregates always; per-path series on request."""
     cfg = load_config(config_path)
     need_privileges(net=False)
     from ..observe import exporter as exp
-    exp.run(cfg, listen)
+    exp.run(cfg, listen, per_path)
 
 
 @click.command()

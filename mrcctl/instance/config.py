@@ -119,6 +119,9 @@ class Config:
     health: Health
     # [metrics] listen: "HOST:PORT" for the agent's Prometheus exporter; None = off
     metrics_listen: str | None = None
+    # [metrics] per_path: one series per path besides the per-peer and
+    # per-plane aggregates (off: 4,096 peers would mean a million series)
+    metrics_per_path: bool = False
     weights: Weights = field(default_factory=Weights)
     # overlay.gso_max_size: largest GSO unit TCP may hand the overlay, i.e. the
     # largest spraying unit (None: spray_unit() picks one)
@@ -309,6 +312,7 @@ def _build(doc: dict, source: str, digest: str) -> Config:
     return Config(source=source, digest=digest, overlay_device=device, overlay_address=ov_addr,
                   mtu=mtu, udp_port=udp_port, planes=tuple(planes), peers=tuple(peers), health=health,
                   metrics_listen=_metrics(doc.get("metrics", {})),
+                  metrics_per_path=_metrics_per_path(doc.get("metrics", {})),
                   weights=_weights(doc.get("weights", {})), gso_max_size=gso_max_size)
 
 
@@ -342,11 +346,15 @@ def parse_listen(where: str, value) -> tuple[str, int]:
 
 def _metrics(m) -> str | None:
     m = _typed("metrics", m, dict)
-    _check_keys("metrics", m, {"listen"})
+    _check_keys("metrics", m, {"listen", "per_path"})
     if "listen" not in m:
         return None
     parse_listen("metrics.listen", m["listen"])
     return m["listen"]
+
+
+def _metrics_per_path(m) -> bool:
+    return _typed("metrics.per_path", m.get("per_path", False), bool)
 
 
 def _health(h) -> Health:

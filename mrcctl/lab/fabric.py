@@ -125,13 +125,7 @@ class Fabric(Testbed):
     def host_addr(self, i: int, p: int, family: int = 4) -> str:
         self._check_host(i)
         self._check_plane(p)
-        if family == 4:
-            return f"10.{100 + p}.{i}.2"
-        if family == 6:
-            if not self.ipv6:
-                raise TestbedError("fabric was built without ipv6=True")
-            return str(ipaddress.IPv6Address(f"fd01:{p:x}:{i:x}::2"))
-        raise TestbedError("family must be 4 or 6")
+        return tbmod.family_addr(family, self.ipv6, "fabric", f"10.{100 + p}.{i}.2", f"fd01:{p:x}:{i:x}::2")
 
     def gateway(self, i: int, p: int, family: int = 4) -> str:
         return self.host_addr(i, p, family)[:-1] + "1"

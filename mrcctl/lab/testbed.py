@@ -102,6 +102,17 @@ def _cbpf_drop_percent(percent: int) -> str:
     )
 
 
+def family_addr(family: int, ipv6: bool, what: str, v4: str, v6: str) -> str:
+    """The v4 or v6 form of a lab address; v6 only on a lab built with ipv6=True."""
+    if family == 4:
+        return v4
+    if family == 6:
+        if not ipv6:
+            raise TestbedError(f"{what} was built without ipv6=True")
+        return str(ipaddress.IPv6Address(v6))
+    raise TestbedError("family must be 4 or 6")
+
+
 class TestbedError(RuntimeError):
     """Raised for invalid arguments or a failed set-up step."""
 
@@ -369,13 +380,8 @@ class Testbed:
         """Underlay address of host i on plane p toward host j (no /len)."""
         self._check_link(i, j, p)
         pair = pair_index(i, j)
-        if family == 4:
-            return f"10.{200 + p}.{pair}.{i + 1}"
-        if family == 6:
-            if not self.ipv6:
-                raise TestbedError("testbed was built without ipv6=True")
-            return str(ipaddress.IPv6Address(f"fd00:{p:x}:{pair:x}::{i + 1:x}"))
-        raise TestbedError("family must be 4 or 6")
+        return family_addr(family, self.ipv6, "testbed", f"10.{200 + p}.{pair}.{i + 1}",
+                           f"fd00:{p:x}:{pair:x}::{i + 1:x}")
 
     @staticmethod
     def prefixlen(family: int = 4) -> int:

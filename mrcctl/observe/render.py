@@ -76,32 +76,121 @@ def _counter_table(title: str, name_col: str, count_col: str, counts: dict) -> T
     return t
 
 
-def status_tables(snap: dict) -> list[Table]:
-    """Compact tables that fit 80 columns for the foundation's fields."""
-    tables = []
-    for peer in snap.get("peers", []):
-        paths = peer.get("paths", [])
-        tx_total = sum(p.get("tx_packets", 0) for p in paths) or 1
-        title = f"peer {peer['name']} ({peer.get('overlay', '?')}, spray {peer.get('spray', '?')})"
-        # the box's one-space divider is the only gap between columns, so 11 columns fit 80
-        t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
-                  padding=0, expand=False)
-        has_ooo = any(p.get("rx_ooo") for p in paths)
-        cols = ["path", "plane", "EV", "state", "tx pkts", "tx B", "share", "rx pkts", "rx B", "rtt"]
+# above this many paths in all, `status` shows a row per plane of each peer;
+# above PEERS_VIEW_PEERS peers, a row per peer
+PATHS_VIEW_MAX_PATHS = 64
+PEERS_VIEW_PEERS = 16
+
+
+def trouble(peer: dict) -> int:
+    """How many of the peer's paths are out of service (not GOOD)."""
+    return sum(p.get("state") != "GOOD" for p in peer.get("paths", []))
+
+
+def by_trouble(peers: list[dict]) -> list[dict]:
+    """Peers with the most paths out of service first; config order otherwise."""
+    return sorted(peers, key=lambda pe: -trouble(pe))
+
+
+def choose_view(snap: dict, view: str = "auto") -> str:
+    if view != "auto":
+        return view
+    peers = snap.get("peers", [])
+    if sum(len(p.get("paths", [])) for p in peers) <= PATHS_VIEW_MAX_PATHS:
+        return "paths"
+    return "planes" if len(peers) <= PEERS_VIEW_PEERS else "peers"
+
+
+def _table(title: str, cols: list[str], left=("plane", "state", "peer", "overlay")) -> Table:
+    # the box's one-space divider is the only gap between columns, so 11 columns fit 80
+    t = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, padding=0, expand=False)
+    for col in cols:
+        t.add_column(col, justify="left" if col in left else "right", no_wrap=True)
+    return t
+
+
+def group_state(paths: list[dict]) -> str:
+    """The state all of them share, or MIXED good/total."""
+    states = {p.get("state", "UNKNOWN") for p in paths}
+    if len(states) == 1:
+        return states.pop()
+    return f"MIXED {sum(p.get('state') == 'GOOD' for p in paths)}/{len(paths)}"
+
+
+def group_state_text(st: str) -> str:
+    return state_text("MIXED") + st[len("MIXED"):] if st.startswith("MIXED") else state_text(st)
+
+
+def _median(xs: list[float]) -> float | None:
+    xs = sorted(x for x in xs if x)
+    return xs[len(xs) // 2] if xs else None
+
+
+def _sum(paths: list[dict], key: str) -> int:
+    return sum(p.get(key) or 0 for p in paths)
+
+
+def _path_table(peer: dict) -> Table:
+    paths = peer.get("paths", [])
+    tx_total = _sum(paths, "tx_packets") or 1
+    title = f"peer {peer['name']} ({peer.get('overlay', '?')}, spray {peer.get('spray', '?')})"
+    has_ooo = any(p.get("rx_ooo") for p in paths)
+    cols = ["path", "plane", "EV", "state", "tx pkts", "tx B", "share", "rx pkts", "rx B", "rtt"]
+    t = _table(title, cols + (["ooo"] if has_ooo else []))
+    for p in paths:
+        row = [str(p.get("id", "?")), str(p.get("plane", "?")), str(p.get("ev", "?")),
+               state_text(p.get("state", "UNKNOWN")),
+               si(p.get("tx_packets")), si(p.get("tx_bytes")),
+               percent(p.get("tx_packets", 0) / tx_total),
+               si(p.get("rx_packets")), si(p.get("rx_bytes")), duration_us(path_rtt_us(p))]
         if has_ooo:
-            cols.append("ooo")
-        for col in cols:
-            t.add_column(col, justify="left" if col in ("plane", "state") else "right", no_wrap=True)
-        for p in paths:
-            row = [str(p.get("id", "?")), str(p.get("plane", "?")), str(p.get("ev", "?")),
-                   state_text(p.get("state", "UNKNOWN")),
-                   si(p.get("tx_packets")), si(p.get("tx_bytes")),
-                   percent(p.get("tx_packets", 0) / tx_total),
-                   si(p.get("rx_packets")), si(p.get("rx_bytes")), duration_us(path_rtt_us(p))]
-            if has_ooo:
-                row.append(si(p.get("rx_ooo")))
-            t.add_row(*row)
-        tables.append(t)
+            row.append(si(p.get("rx_ooo")))
+        t.add_row(*row)
+    return t
+
+
+def _plane_table(peer: dict) -> Table:
+    paths = peer.get("paths", [])
+    tx_total = _sum(paths, "tx_packets") or 1
+    planes: dict[str, list[dict]] = {}
+    for p in paths:
+        planes.setdefault(str(p.get("plane", "?")), []).append(p)
+    title = f"peer {peer['name']} ({peer.get('overlay', '?')}, spray {peer.get('spray', '?')}, per plane)"
+    t = _table(title, ["plane", "EVs", "state", "tx pkts", "tx B", "share", "rx pkts", "rx B", "rtt"])
+    for plane, ps in planes.items():
+        st = group_state(ps)
+        t.add_row(plane, str(len(ps)), group_state_text(st),
+                  si(_sum(ps, "tx_packets")), si(_sum(ps, "tx_bytes")), percent(_sum(ps, "tx_packets") / tx_total),
+                  si(_sum(ps, "rx_packets")), si(_sum(ps, "rx_bytes")),
+                  duration_us(_median([path_rtt_us(p) for p in ps])))
+    return t
+
+
+def _peer_table(peers: list[dict]) -> Table:
+    t = _table(f"{len(peers)} peers, in trouble first (status --peer NAME for paths)",
+               ["peer", "overlay", "GOOD", "state", "tx B", "rx B", "rtt", "loss"])
+    for peer in peers:
+        ps = peer.get("paths", [])
+        st = group_state(ps).split()[0] if ps else "-"     # the counts are in the GOOD column
+        r = peer.get("reorder") or {}
+        t.add_row(str(peer.get("name")), str(peer.get("overlay", "?")),
+                  f"{sum(p.get('state') == 'GOOD' for p in ps)}/{len(ps)}",
+                  group_state_text(st),
+                  si(_sum(ps, "tx_bytes")), si(_sum(ps, "rx_bytes")),
+                  duration_us(_median([path_rtt_us(p) for p in ps])), percent(r.get("loss_ratio")))
+    return t
+
+
+def status_tables(snap: dict, view: str = "auto") -> list[Table]:
+    """Compact tables that fit 80 columns: a row per path, per plane of each
+    peer or per peer (choose_view), peers in trouble first."""
+    tables = []
+    peers = by_trouble(snap.get("peers", []))
+    view = choose_view(snap, view)
+    if view == "peers":
+        tables.append(_peer_table(peers))
+    else:
+        tables += [(_path_table if view == "paths" else _plane_table)(peer) for peer in peers]
     # what path health did, when it did anything: retirements, recoveries,
     # hedged units, retransmissions steered to the freshest path
     health = {k: v for k, v in snap.get("health", {}).items() if isinstance(v, int) and v}
@@ -113,12 +202,12 @@ def status_tables(snap: dict) -> list[Table]:
     return tables
 
 
-def print_status(snap: dict, console: Console | None = None) -> None:
+def print_status(snap: dict, console: Console | None = None, view: str = "auto") -> None:
     console = console or Console()
     ov = snap.get("overlay", {})
     console.print(f"[bold]{ov.get('device', '?')}[/] {ov.get('address', '?')} mtu {ov.get('mtu')} "
                   f"udp/{ov.get('udp_port')}  planes: {', '.join(_plane(p) for p in snap.get('planes', []))}")
-    for t in status_tables(snap):
+    for t in status_tables(snap, view):
         console.print(t)
 
 

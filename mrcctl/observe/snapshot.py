@@ -10,6 +10,7 @@ import time
 
 from ..datapath import abi as wire
 from ..datapath.maps import Datapath
+from ..errors import InputError
 from ..instance import config as cfgmod
 from ..instance.state import Instance
 
@@ -62,24 +63,33 @@ def _with_slot_shares(dp: Datapath, pent: wire.Peer, peer: int, paths: list[dict
     return paths
 
 
-def snapshot(cfg: cfgmod.Config, dp: Datapath | None = None) -> dict:
+def snapshot(cfg: cfgmod.Config, dp: Datapath | None = None, peers: set[str] | None = None) -> dict:
+    """The instance's snapshot; `peers` (names) limits the per-peer part to
+    those peers, and their maps are the only per-peer ones read."""
+    if peers is not None:
+        unknown = sorted(peers - {p.name for p in cfg.peers})
+        if unknown:
+            raise InputError(f"no peer named {', '.join(unknown)} in the config "
+                             f"(peers: {', '.join(p.name for p in cfg.peers)})")
     own = dp is None
     if own:
         dp = Datapath(Instance(cfg.overlay_device))
     try:
-        return _snapshot(cfg, dp)
+        return _snapshot(cfg, dp, peers)
     finally:
         if own:
             dp.close()
 
 
-def _snapshot(cfg: cfgmod.Config, dp: Datapath) -> dict:
+def _snapshot(cfg: cfgmod.Config, dp: Datapath, only: set[str] | None = None) -> dict:
     now_ns = time.monotonic_ns()
     stats_m, live_m, paths_m = dp.map("mrc_path_stats"), dp.map("mrc_live"), dp.map("mrc_paths")
     peers_m, seq_m = dp.map("mrc_peers"), dp.map("mrc_peer_seq")
     inst_state = dp.inst.read()
     peers = []
     for peer in cfg.peers:
+        if only is not None and peer.name not in only:
+            continue
         praw = peers_m.lookup(wire.u32(peer.index))
         pent = wire.Peer.unpack(praw) if praw else wire.Peer()
         seq = wire.PeerSeq.unpack(seq_m.lookup(wire.u32(peer.index)) or bytes(wire.PeerSeq.size()))

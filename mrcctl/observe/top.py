@@ -200,7 +200,10 @@ def build_frame(snap: dict | None, paths: list[PathView], events: list[dict], vi
         good = sum(p.state == "GOOD" for p in paths)
         head = Text.assemble(("mrc top ", "bold"), f"{now}  {ov.get('device', '?')} {ov.get('address', '?')}  ",
                              (f"{good}/{n} paths GOOD", "green" if good == n else "bold red"))
-        for peer in snap.get("peers", []):
+        peers = snap.get("peers", [])
+        if len(peers) > 3:     # per-peer figures would not fit one line: `status --view peers`
+            head.append(f"  {len(peers)} peers")
+        for peer in peers if len(peers) <= 3 else ():
             r = peer.get("reorder")
             if isinstance(r, dict) and ("loss_ratio" in r or "ooo_ratio" in r):
                 head.append(f"  {peer.get('name')}: reorder {percent(r.get('ooo_ratio'))} "
@@ -238,6 +241,8 @@ def build_frame(snap: dict | None, paths: list[PathView], events: list[dict], vi
     header = Text((" " * gap).join(_cell(c.name, c) for c in cols), style="bold reverse")
     lines.append(header)
     row_space = max(0, limit - len(lines) - 1 - events_min)
+    if len(rows) > row_space:       # what does not fit should be the healthy part
+        rows = sorted(rows, key=lambda r: r[0].state == "GOOD")
     shown = rows if len(rows) <= row_space else rows[:max(0, row_space - 1)]
     for v, _n in shown:
         vals = {"peer": v.peer, "path": str(v.id), "plane": v.plane, "EV": str(v.ev), "EVs": str(v.ev),

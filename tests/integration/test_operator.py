@@ -251,7 +251,7 @@ def by_path(metrics: dict, name: str) -> dict[int, float]:
 
 def test_exporter_counters_match_status(lab):
     exp = lab.tb.popen(0, [*MRCCTL, "exporter", "-c", str(lab.configs[0]), "--listen",
-                           f"127.0.0.1:{EXPORTER_PORT}"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           f"127.0.0.1:{EXPORTER_PORT}", "--per-path"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                        text=True)
     try:
         assert "serving" in exp.stdout.readline()
@@ -293,8 +293,12 @@ def test_exporter_counters_match_status(lab):
     assert m2["mrc_failover_events_total"][()] <= lines
 
     # the agent serves the same metrics when [metrics] listen is configured
+    # (aggregates only, the default: per-peer sums no smaller than status's)
     m = scrape(lab, METRICS_PORT)
-    assert m["mrc_up"][()] == 1 and len(by_path(m, "mrc_path_tx_packets_total")) == 16
+    assert m["mrc_up"][()] == 1 and not [n for n in m if n.startswith("mrc_path_")]
+    peer = snap["peers"][0]
+    assert m["mrc_peer_tx_bytes_total"][(("peer", peer["name"]),)] >= sum(p["tx_bytes"] for p in peer["paths"])
+    assert sum(m["mrc_peer_paths"].values()) == 16
 
 
 def test_exporter_bad_listen_is_one_line(lab):
@@ -314,6 +318,13 @@ def test_status_json_matches_schema(lab):
     jsonschema.Draft202012Validator.check_schema(schema)
     jsonschema.Draft202012Validator(schema).validate(lab.status(0))
     jsonschema.Draft202012Validator(schema).validate(lab.status(1))
+    one = json.loads(lab.mrcctl(0, "status", "--json", "--peer", "h1").stdout)
+    jsonschema.Draft202012Validator(schema).validate(one)
+    assert [p["name"] for p in one["peers"]] == ["h1"] and len(one["peers"][0]["paths"]) == 16
+    r = lab.mrcctl(0, "status", "--peer", "nope", check=False)
+    assert r.returncode == 2 and "no peer named nope" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    text = lab.mrcctl(0, "status", "--view", "planes").stdout
+    assert "per plane" in text and len([ln for ln in text.splitlines() if ln.split()[:2] == ["p0h1", "4"]]) == 1
 
 
 # ------------------------------------------------------------------ demo
