@@ -211,7 +211,7 @@ def teardown_mptcp(lab: Lab) -> None:
 MRC_VARIANTS = {
     # name: (spray, weights mode, plane weights from rates?, gso_max_size, plane rx_hook)
     # defaults: spraying unit 64 KiB / planes, >= 16 KiB (Config.spray_unit), [health] defaults,
-    # rx_hook from the config (default xdp)
+    # rx_hook from the config (default auto: tc ingress on these veth planes)
     "mrc weighted": ("weighted", "fixed", True, None, None),
     # the receive hook: XDP costs the sender's veth its TSO (every unit
     # segmented in software), tc ingress decapsulates whole GSO units

@@ -29,11 +29,10 @@ class ConfigError(ValueError):
 # plane[].rx_hook: where mrc's receive program runs on the plane. "auto"
 # is decided at `up` from the device (topology.auto_rx_hook): tc ingress on
 # virtual devices (native XDP on a veth turns TSO off on its peer, and every
-# unit is then segmented in software), XDP on NICs. The default stays "xdp"
-# until the whole suite has passed with "auto" on a quiet machine
-# (docs/benchmarks/receive-hook.md says what is open).
+# unit is then segmented in software), XDP on NICs. Measured on veth planes:
+# docs/benchmarks/receive-hook.md.
 RX_HOOKS = ("auto", "xdp", "tc")
-RX_HOOK_DEFAULT = "xdp"
+RX_HOOK_DEFAULT = "auto"
 
 
 @dataclass(frozen=True)
