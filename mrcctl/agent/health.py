@@ -31,7 +31,7 @@ import os
 import socket
 import struct
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..datapath import abi as wire
 from ..datapath.libbpf import RingBuffer
@@ -55,6 +55,13 @@ PROBE_LOSS = 3
 # ... and only when the path's evidence is this old: under load, probes
 # queue behind data and answer late, while the data feedback is fresh.
 PROBE_STALE_NS = 100_000_000
+# A peer whose tx PSN has not moved for this long is idle: its GOOD paths
+# are not probed (the datapath judges them from data as soon as it flows)
+IN_USE_NS = 1_000_000_000
+# ... its paths are read this often (one batch per peer); those found
+# ASSUMED_BAD are probed every interval, in use or not, so that they are
+# back in service when traffic returns
+IDLE_LOOK_NS = 1_000_000_000
 # The agent's own event reason: the datapath cannot see probe silence, so
 # enum mrc_ev_reason has no member for it.
 PROBE_LOSS_REASON = "probe_loss"
@@ -83,6 +90,9 @@ def probe_frame(path: wire.Path, path_id: int, udp_port: int) -> bytearray:
     return bytearray(eth + ip + udp + mrc)
 
 
+_LIVE_AT = wire.PathLive.offsets()
+_U32, _U64 = struct.Struct("=I"), struct.Struct("=Q")
+
 # offsets of psn and tx_ts inside the MRC header (which ends the frame)
 _PSN_OFF = wire.MRC_HDR_LEN - 4
 _TS_OFF = wire.MRC_HDR_LEN - 8
@@ -98,21 +108,54 @@ class ProbePath:
     key: bytes
     plane: str
     frame: bytearray
+    ent: wire.Path | None = None              # the mrc_paths entry the frame was built from
     seq: int = 0
     sent: int = 0
+    last_ns: int = 0                          # when it was last probed
     nonces: wire.ProbeNonce | None = None     # outstanding probes (mrc_probe_nonce)
 
 
+@dataclass
+class PeerActivity:
+    psn: int = -1            # the tx PSN last seen (mrc_peer_seq)
+    in_use_until: int = 0    # monotonic ns
+    look_at: int = 0         # when an idle peer's paths are next read
+    bad: list = field(default_factory=list)   # its ASSUMED_BAD paths at that look
+
+
 class Prober:
+    """Which paths to probe, and when, at a cost that does not grow with
+    idle paths:
+
+    * a peer is *in use* while its tx PSN moves (and IN_USE_NS after); its
+      GOOD paths are probed when data feedback has left their evidence
+      stale, its other paths every interval;
+    * an idle peer's GOOD paths are not probed at all: no traffic depends
+      on them, and the datapath judges them from data evidence as soon as
+      traffic starts. Its paths are read every IDLE_LOOK_NS and the
+      ASSUMED_BAD ones probed every interval, so they are back when
+      traffic returns;
+    * at most health.probe_budget probes a second leave the host, the
+      least recently probed due paths first, so none starves;
+    * the datapath is read a peer at a time (one batch lookup per peer and
+      map), not a path at a time.
+    """
+
     def __init__(self, agent: agentmod.Agent):
         self.agent = agent
         self.cfg = agent.cfg
         self.paths: list[ProbePath] = []
+        self.by_peer: dict[int, list[ProbePath]] = {}
+        self.activity = {peer.index: PeerActivity() for peer in self.cfg.peers}
         self.socks: dict[str, socket.socket] = {}
         self.down: set[str] = set()
         self.sent = 0
         self.errors = 0
+        self.deferred = 0        # due probes the budget held back
         self.interval_ns = int(self.cfg.health.probe_interval_ms * 1e6)
+        self.budget = self.cfg.health.probe_budget
+        self.tokens = 0.0
+        self.last_ns = 0
         self.refresh()
 
     def refresh(self, _now: float = 0.0) -> None:
@@ -129,14 +172,20 @@ class Prober:
                 if prev is not None:
                     out.append(prev)
                 continue
+            if prev is not None and prev.ent == ent:
+                out.append(prev)        # unchanged: no new frame
+                continue
             pp = ProbePath(peer.index, path.id, key, path.plane.device,
-                           probe_frame(ent, path.id, self.cfg.udp_port))
+                           probe_frame(ent, path.id, self.cfg.udp_port), ent)
             if prev is not None:
-                pp.seq, pp.sent, pp.nonces = prev.seq, prev.sent, prev.nonces
+                pp.seq, pp.sent, pp.nonces, pp.last_ns = prev.seq, prev.sent, prev.nonces, prev.last_ns
             out.append(pp)
             if path.plane.device not in self.socks:
                 self._open(path.plane.device)
         self.paths = out
+        self.by_peer = {}
+        for pp in out:
+            self.by_peer.setdefault(pp.peer, []).append(pp)
 
     def _open(self, dev: str) -> None:
         s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)   # protocol 0: send only
@@ -144,51 +193,104 @@ class Prober:
         s.setblocking(False)
         self.socks[dev] = s
 
+    def in_use(self) -> int:
+        now = time.monotonic_ns()
+        return sum(now < a.in_use_until for a in self.activity.values())
+
     def tick(self, _now: float) -> list[ProbePath]:
         """Send due probes; returns the GOOD paths that left the last
         PROBE_LOSS probes unanswered."""
-        live_m, nonce_m = self.agent.dp.map("mrc_live"), self.agent.dp.map("mrc_probe_nonce")
+        dp = self.agent.dp
+        live_m, seq_m = dp.map("mrc_live"), dp.map("mrc_peer_seq")
         now = time.monotonic_ns()
+        dt = now - self.last_ns if self.last_ns else self.interval_ns
+        self.last_ns = now
+        # a bucket of at most one interval's worth (at least one probe)
+        self.tokens = min(max(1.0, self.budget * self.interval_ns / 1e9), self.tokens + self.budget * dt / 1e9)
+        seqs = seq_m.lookup_range(0, len(self.cfg.peers))
+        bad: list[ProbePath] = []
+        stale: list[ProbePath] = []
         silent = []
-        for pp in self.paths:
-            if pp.plane in self.down:
+        for peer in self.cfg.peers:
+            pps = self.by_peer.get(peer.index)
+            if not pps:
                 continue
-            raw = live_m.lookup(pp.key)
-            if raw is None:
-                continue
-            lv = wire.PathLive.unpack(raw)
-            # GOOD paths with fresh evidence from data feedback need no probe
-            if lv.state == wire.PathState.GOOD and now - lv.last_ack_ns < self.interval_ns:
-                continue
-            if lv.state == wire.PathState.GOOD and ((pp.seq - lv.probe_seq) & 0xFFFFFFFF) >= PROBE_LOSS \
-                    and pp.sent >= PROBE_LOSS and now - lv.last_ack_ns > PROBE_STALE_NS:
-                silent.append(pp)
-            pp.seq = (pp.seq + 1) & 0xFFFFFFFF
-            f = pp.frame
-            n = len(f)
-            struct.pack_into("!I", f, n - _PSN_OFF, pp.seq)
-            struct.pack_into("!I", f, n - _TS_OFF, (time.monotonic_ns() // 1000) & 0xFFFFFFFF)
-            # An unpredictable nonce per probe, known to rx before the probe
-            # leaves: only a reply echoing it counts (issue #13.8).
-            nonce = int.from_bytes(os.urandom(8), "big") or 1
-            hdr = wire.probe_nonce_fields(nonce)
-            struct.pack_into("!I", f, n - _NONCE_HI_END, hdr["seq0"])
-            struct.pack_into("!I", f, n - _NONCE_LO_END, hdr["fb_ts"])
-            if pp.nonces is None:
-                pp.nonces = wire.ProbeNonce()
-            pp.nonces.add(pp.seq, nonce)
-            try:
-                nonce_m.update(pp.key, pp.nonces.pack())
-            except OSError:
-                self.errors += 1
-                continue
-            try:
-                self.socks[pp.plane].send(f)
-                pp.sent += 1
-                self.sent += 1
-            except OSError:
-                self.errors += 1   # plane down / queue full: the sequence gap restarts recovery
+            act = self.activity[peer.index]
+            if peer.index < len(seqs):
+                psn = wire.PeerSeq.unpack(seqs[peer.index]).psn
+                if psn != act.psn:
+                    act.psn, act.in_use_until = psn, now + IN_USE_NS
+            in_use = now < act.in_use_until
+            if not in_use:
+                if now < act.look_at:
+                    # between looks, the dead paths found at the last one
+                    bad += [pp for pp in act.bad if now - pp.last_ns >= self.interval_ns]
+                    continue
+                act.look_at = now + IDLE_LOOK_NS
+            lives = live_m.lookup_range(wire.path_idx(peer.index, 0), len(peer.paths))
+            act.bad = []
+            for pp in pps:
+                if pp.plane in self.down or pp.path >= len(lives):
+                    continue
+                # three fields of mrc_live, not the whole struct: this loop
+                # runs over every path of every peer in use each interval
+                raw = lives[pp.path]
+                state = _U32.unpack_from(raw, _LIVE_AT["state"])[0]
+                if state != wire.PathState.GOOD:
+                    if state == wire.PathState.ASSUMED_BAD:
+                        act.bad.append(pp)
+                    if in_use or state == wire.PathState.ASSUMED_BAD:
+                        bad.append(pp)
+                    continue
+                # GOOD: only for a peer in use, and only without fresh data feedback
+                last_ack = _U64.unpack_from(raw, _LIVE_AT["last_ack_ns"])[0]
+                if not in_use or now - last_ack < self.interval_ns:
+                    continue
+                if ((pp.seq - _U32.unpack_from(raw, _LIVE_AT["probe_seq"])[0]) & 0xFFFFFFFF) >= PROBE_LOSS \
+                        and pp.sent >= PROBE_LOSS and now - last_ack > PROBE_STALE_NS:
+                    silent.append(pp)
+                stale.append(pp)
+        allowed = int(self.tokens)
+        due = bad + stale
+        if len(due) > allowed:
+            # least recently probed first: out-of-service paths probed every
+            # interval must not starve the silent GOOD ones, whose silence
+            # is only found out by probing them
+            self.deferred += len(due) - allowed
+            due.sort(key=lambda pp: pp.last_ns)
+        nonce_m = dp.map("mrc_probe_nonce")
+        for pp in due[:allowed]:
+            pp.last_ns = now
+            self._send(pp, nonce_m)
+            self.tokens -= 1
         return silent
+
+    def _send(self, pp: ProbePath, nonce_m) -> None:
+        pp.seq = (pp.seq + 1) & 0xFFFFFFFF
+        f = pp.frame
+        n = len(f)
+        struct.pack_into("!I", f, n - _PSN_OFF, pp.seq)
+        struct.pack_into("!I", f, n - _TS_OFF, (time.monotonic_ns() // 1000) & 0xFFFFFFFF)
+        # An unpredictable nonce per probe, known to rx before the probe
+        # leaves: only a reply echoing it counts (issue #13.8).
+        nonce = int.from_bytes(os.urandom(8), "big") or 1
+        hdr = wire.probe_nonce_fields(nonce)
+        struct.pack_into("!I", f, n - _NONCE_HI_END, hdr["seq0"])
+        struct.pack_into("!I", f, n - _NONCE_LO_END, hdr["fb_ts"])
+        if pp.nonces is None:
+            pp.nonces = wire.ProbeNonce()
+        pp.nonces.add(pp.seq, nonce)
+        try:
+            nonce_m.update(pp.key, pp.nonces.pack())
+        except OSError:
+            self.errors += 1
+            return
+        try:
+            self.socks[pp.plane].send(f)
+            pp.sent += 1
+            self.sent += 1
+        except OSError:
+            self.errors += 1   # plane down / queue full: the sequence gap restarts recovery
 
     def close(self) -> None:
         for s in self.socks.values():
@@ -357,6 +459,9 @@ class Health:
             "time": time.time(),
             "probes_sent": self.prober.sent,
             "probe_errors": self.prober.errors,
+            "probes_deferred": self.prober.deferred,
+            "probe_budget": self.prober.budget,
+            "peers_in_use": self.prober.in_use(),
             "probed_paths": len(self.prober.paths),
             "planes_down": sorted(self.prober.down),
             "events": self.events,

@@ -60,6 +60,7 @@ class Agent:
         self.inst = Instance(cfg.overlay_device)
         self.dp = Datapath(self.inst)
         self.tasks: list[Task] = []
+        self._entries: dict[bytes, tuple[bytes, abi.Path]] = {}     # path_entries' cache
         self.sel = selectors.DefaultSelector()
         self.stopping = False
         self.started = time.monotonic()
@@ -80,14 +81,22 @@ class Agent:
 
     def path_entries(self):
         """(peer, path, key, mrc_paths entry) of every configured path the
-        datapath holds, for the subsystems that copy or rewrite entries."""
+        datapath holds, for the subsystems that copy or rewrite entries.
+        An entry is unpacked again only when its bytes changed, so callers
+        share it: they must not modify it (dataclasses.replace, then write)."""
         paths_m = self.dp.map("mrc_paths")
+        cache = self._entries
         for peer in self.cfg.peers:
+            # one system call per peer, not per path
+            raws = paths_m.lookup_range(abi.path_idx(peer.index, 0), len(peer.paths))
             for path in peer.paths:
-                key = abi.path_key(peer.index, path.id)
-                raw = paths_m.lookup(key)
-                if raw is not None:
-                    yield peer, path, key, abi.Path.unpack(raw)
+                if path.id >= len(raws):
+                    continue
+                key, raw = abi.path_key(peer.index, path.id), raws[path.id]
+                hit = cache.get(key)
+                if hit is None or hit[0] != raw:
+                    hit = cache[key] = (raw, abi.Path.unpack(raw))
+                yield peer, path, key, hit[1]
 
     def _check_orphan(self, _now: float) -> None:
         """Exit when what the agent serves is gone without `down`: the

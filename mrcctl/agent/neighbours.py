@@ -11,6 +11,8 @@ bpf_redirect_neigh so the kernel resolves it.
 
 from __future__ import annotations
 
+import dataclasses
+
 from ..datapath import abi as wire
 from ..instance import topology
 from . import loop as agentmod
@@ -23,20 +25,24 @@ def setup(agent: agentmod.Agent) -> None:
     nl = topology.Netlink()
     paths_m = agent.dp.map("mrc_paths")
 
+    remote = {}       # str() of each path's peer address, once
+
     def refresh(_now: float) -> None:
-        table = nl.neighbour_table()
+        table = {k: wire.mac_str(v) for k, v in nl.neighbour_table().items()}
         hops: dict[tuple[str, str], str] = {}
         for _peer, path, key, entry in agent.path_entries():
-            mac = table.get((entry.ifindex, str(path.remote)))
-            if mac is None:
+            addr = remote.get(path.remote)
+            if addr is None:
+                addr = remote[path.remote] = str(path.remote)
+            new = table.get((entry.ifindex, addr))
+            if new is None:
                 # routed plane: the gateway's MAC, from the route now in force
-                hop = (path.plane.device, str(path.remote))
+                hop = (path.plane.device, addr)
                 if hop not in hops:
                     hops[hop] = nl.next_hop(*hop)
-                mac = table.get((entry.ifindex, hops[hop]))
-            new = wire.mac_str(mac) if mac else "00:00:00:00:00:00"
+                new = table.get((entry.ifindex, hops[hop]))
+            new = new or "00:00:00:00:00:00"
             if new != entry.dmac:
-                entry.dmac = new
-                paths_m.update(key, entry.pack())
+                paths_m.update(key, dataclasses.replace(entry, dmac=new).pack())
 
     agent.add_task("neighbours", PERIOD_S, refresh)

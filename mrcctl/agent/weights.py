@@ -273,16 +273,17 @@ class Controller:
         hit = self.usable.get(peer.index)
         if hit and now - hit[0] < USABLE_TTL_S:
             return hit[1]
-        out = [self.dp.usable(peer.index, p.id) for p in peer.paths]
+        out = self.dp.usable_paths(peer.index, len(peer.paths))
         self.usable[peer.index] = (now, out)
         return out
 
     def read(self, peer: cfgmod.Peer, now: float = 0.0):
         stats_m, delay_m = self.dp.map("mrc_path_stats"), self.dp.map("mrc_path_delay")
-        delays, tx = [], []
+        delays = [wire.PathDelay.unpack(raw)
+                  for raw in delay_m.lookup_range(wire.path_idx(peer.index, 0), len(peer.paths))]
+        tx = []
         for p in peer.paths:
             key = wire.path_key(peer.index, p.id)
-            delays.append(wire.PathDelay.unpack(delay_m.lookup(key)))
             tx.append(sum(int.from_bytes(v[8:16], sys.byteorder) for v in stats_m.lookup_percpu(key)))
         return delays, self._usable(peer, now), tx
 
@@ -376,13 +377,19 @@ class Controller:
 
     def gap_step(self, now: float) -> None:
         peers_m, delay_m = self.dp.map("mrc_peers"), self.dp.map("mrc_path_delay")
+        ents = peers_m.lookup_range(0, len(self.cfg.peers))
         for peer in self.cfg.peers:
-            if peer.flowlet_gap_us:
+            if peer.flowlet_gap_us or peer.index >= len(ents):
+                continue
+            # only a peer spraying flowlets now (`mrcctl spray` may switch it
+            # at run time) needs its gap: the others cost one read per step
+            if wire.Peer.unpack(ents[peer.index]).spray_mode != wire.SprayMode.FLOWLET:
                 continue
             srtts = []
             usable = self._usable(peer, now)
-            for p, ok in zip(peer.paths, usable):
-                d = wire.PathDelay.unpack(delay_m.lookup(wire.path_key(peer.index, p.id)))
+            delays = delay_m.lookup_range(wire.path_idx(peer.index, 0), len(peer.paths))
+            for raw, ok in zip(delays, usable):
+                d = wire.PathDelay.unpack(raw)
                 # fresh-echo RTTs only (a re-echoed old timestamp measures idleness)
                 if d.samples and d.ewma_us and ok:
                     srtts.append(d.ewma_us)
@@ -392,10 +399,7 @@ class Controller:
             old = self.gaps.get(peer.index)
             if old is not None and abs(gap - old) <= 0.25 * old:
                 continue
-            raw = peers_m.lookup(wire.u32(peer.index))
-            if not raw:
-                continue
-            ent = wire.Peer.unpack(raw)
+            ent = wire.Peer.unpack(ents[peer.index])
             if ent.flowlet_gap_us not in (0, old):
                 # set by the operator (`mrcctl spray --gap-us N`), or by an
                 # earlier agent: left alone until `--gap-us 0` hands it back

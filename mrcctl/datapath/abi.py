@@ -300,8 +300,18 @@ class _Struct:
         return cls.ORDER + "".join(f for _n, f in cls.LAYOUT)
 
     @classmethod
+    def _struct(cls) -> struct.Struct:
+        # compiled once per class (the agent unpacks thousands a second);
+        # looked up in the class's own dict, never a base class's
+        st = cls.__dict__.get("_STRUCT")
+        if st is None:
+            st = struct.Struct(cls.fmt())
+            setattr(cls, "_STRUCT", st)
+        return st
+
+    @classmethod
     def size(cls) -> int:
-        return struct.calcsize(cls.fmt())
+        return cls._struct().size
 
     @classmethod
     def offsets(cls) -> dict[str, int]:
@@ -319,14 +329,14 @@ class _Struct:
         return cls(**{n: v for (n, _f), v in zip(cls.LAYOUT, vals)})
 
     def pack(self) -> bytes:
-        return struct.pack(self.fmt(), *self._to_raw())
+        return self._struct().pack(*self._to_raw())
 
     @classmethod
     def unpack(cls, b: bytes):
-        n = cls.size()
-        if len(b) < n:
-            raise ValueError(f"{cls.__name__}: need {n} bytes, got {len(b)}")
-        return cls._from_raw(struct.unpack(cls.fmt(), bytes(b[:n])))
+        st = cls._struct()
+        if len(b) < st.size:
+            raise ValueError(f"{cls.__name__}: need {st.size} bytes, got {len(b)}")
+        return cls._from_raw(st.unpack_from(b))
 
 
 def _zero(fmt: str):

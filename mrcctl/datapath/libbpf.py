@@ -233,6 +233,9 @@ _bpf_prog_get_next_id = _proto("bpf_prog_get_next_id", _c_int, _c_u32, ctypes.PO
 _bpf_obj_get_info_by_fd = _proto("bpf_obj_get_info_by_fd", _c_int, _c_int, _vp,
                                  ctypes.POINTER(_c_u32))
 _bpf_map_lookup_elem = _proto("bpf_map_lookup_elem", _c_int, _c_int, _vp, _vp)
+# (fd, in_batch, out_batch, keys, values, count in/out, opts)
+_bpf_map_lookup_batch = _proto("bpf_map_lookup_batch", _c_int, _c_int, _vp, _vp, _vp, _vp,
+                               ctypes.POINTER(_c_u32), _vp)
 _bpf_map_update_elem = _proto("bpf_map_update_elem", _c_int, _c_int, _vp, _vp, ctypes.c_uint64)
 _bpf_map_delete_elem = _proto("bpf_map_delete_elem", _c_int, _c_int, _vp)
 _bpf_map_get_next_key = _proto("bpf_map_get_next_key", _c_int, _c_int, _vp, _vp)
@@ -444,6 +447,28 @@ class Map(_Fd):
             return None
         _check(f"bpf_map_lookup_elem({self.name})", ret)
         return v.raw
+
+    def lookup_range(self, first: int, count: int) -> list[bytes]:
+        """Array maps: the values at indexes first..first+count-1 (fewer at
+        the map's end), in one BPF_MAP_LOOKUP_BATCH call. The agent reads a
+        peer's paths this way: one system call, not one per path."""
+        if self.key_size != 4 or self.percpu:
+            raise ValueError(f"map {self.name}: lookup_range wants a plain array map")
+        count = max(0, min(count, self.max_entries - first))
+        if count == 0:
+            return []
+        # the batch resumes after in_batch's key: the one before `first`
+        start = ctypes.c_uint32(first - 1) if first else None
+        out_batch = ctypes.c_uint32(0)
+        keys = ctypes.create_string_buffer(4 * count)
+        vals = ctypes.create_string_buffer(self.value_size * count)
+        n = _c_u32(count)
+        ret = _bpf_map_lookup_batch(self.fd, ctypes.byref(start) if start is not None else None,
+                                    ctypes.byref(out_batch), keys, vals, ctypes.byref(n), None)
+        if ret < 0 and ret != -_errno.ENOENT:    # ENOENT: the map's end, n holds what was read
+            _check(f"bpf_map_lookup_batch({self.name})", ret)
+        raw, vs = vals.raw, self.value_size
+        return [raw[i * vs:(i + 1) * vs] for i in range(n.value)]
 
     def lookup_percpu(self, key: bytes) -> list[bytes]:
         """Per-CPU maps: one value_size-byte value per possible CPU

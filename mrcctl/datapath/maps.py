@@ -67,6 +67,13 @@ class Datapath:
     def usable(self, peer: int, path_id: int) -> bool:
         return abi.path_usable(*self.path(peer, path_id))
 
+    def usable_paths(self, peer: int, n_paths: int) -> list[bool]:
+        """usable() of the peer's paths 0..n_paths-1, read in two system calls."""
+        first = abi.path_idx(peer, 0)
+        ents = self.map("mrc_paths").lookup_range(first, n_paths)
+        lives = self.map("mrc_live").lookup_range(first, n_paths)
+        return [abi.path_usable(abi.Path.unpack(e), abi.PathLive.unpack(lv)) for e, lv in zip(ents, lives)]
+
     def close(self):
         for m in self._maps.values():
             m.close()

@@ -102,6 +102,8 @@ class Health:
     hedge: bool | str = True
     liveness: bool = True
     hedge_after_ms: float | None = None  # suspect threshold; None = dead_after_ms / 2
+    # EV probes per second per host at most (the agent's Prober)
+    probe_budget: int = 2000
 
     @property
     def hedge_after(self) -> float:
@@ -362,11 +364,12 @@ def _metrics_per_path(m) -> bool:
 def _health(h) -> Health:
     h = _typed("health", h, dict)
     _check_keys("health", h, {"dead_after_ms", "probe_interval_ms", "recover_probes", "hedge", "liveness",
-                              "hedge_after_ms"})
+                              "hedge_after_ms", "probe_budget"})
     d = Health()
     dead = _float_in("health.dead_after_ms", h.get("dead_after_ms", d.dead_after_ms), 0.5, 60000)
     probe = _float_in("health.probe_interval_ms", h.get("probe_interval_ms", d.probe_interval_ms), 1, 60000)
     k = _int_in("health.recover_probes", h.get("recover_probes", d.recover_probes), 1, 100)
+    budget = _int_in("health.probe_budget", h.get("probe_budget", d.probe_budget), 10, 1_000_000)
     hedge = h.get("hedge", d.hedge)
     if hedge != "always":
         try:
@@ -381,7 +384,7 @@ def _health(h) -> Health:
             raise ConfigError(f"health.hedge_after_ms: {hedge_after:g} is out of range 0.1..{dead:g} "
                               "(health.dead_after_ms)")
     return Health(dead_after_ms=dead, probe_interval_ms=probe, recover_probes=k, hedge=hedge, liveness=live,
-                  hedge_after_ms=hedge_after)
+                  hedge_after_ms=hedge_after, probe_budget=budget)
 
 
 def _peer_conflicts(peers: list[Peer], udp_port: int) -> None:

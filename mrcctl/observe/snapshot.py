@@ -175,7 +175,8 @@ def _health(dp: Datapath) -> dict:
     try:
         import json
         rep = json.loads((dp.inst.run_dir / "health.json").read_text())
-        out["agent"] = {k: rep.get(k) for k in ("probes_sent", "probe_errors", "probed_paths",
+        out["agent"] = {k: rep.get(k) for k in ("probes_sent", "probe_errors", "probes_deferred", "probe_budget",
+                                                  "peers_in_use", "probed_paths",
                                                   "planes_down", "events", "cpu_s", "uptime_s")}
     except (OSError, ValueError):
         pass

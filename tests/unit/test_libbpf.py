@@ -238,3 +238,18 @@ def test_reload_reuses_maps_unless_their_layout_changed(bpf_objects):
             assert second.maps["mrc_cfg"].id == old_ids["mrc_cfg"]
             assert second.maps["mrc_peer_seq"].id != old_ids["mrc_peer_seq"]
             assert second.maps["mrc_peer_seq"].value_size == wire.PeerSeq.size()
+
+
+def test_lookup_range_reads_a_slice_in_one_call(dp):
+    m = dp.maps["mrc_live"]
+    n = m.max_entries
+    for i in (0, 5, 6, 7, n - 2, n - 1):
+        m.update(wire.u32(i), bytes([i & 0xFF]) * m.value_size)
+    got = m.lookup_range(5, 3)
+    assert [v[0] for v in got] == [5, 6, 7] and all(len(v) == m.value_size for v in got)
+    assert [v[0] for v in m.lookup_range(0, 1)] == [0]
+    tail = m.lookup_range(n - 2, 10)                 # clipped at the map's end
+    assert [v[0] for v in tail] == [(n - 2) & 0xFF, (n - 1) & 0xFF]
+    assert m.lookup_range(n, 4) == []
+    with pytest.raises(ValueError):
+        dp.maps["mrc_path_stats"].lookup_range(0, 1)  # per-CPU: not a plain array

@@ -1,0 +1,191 @@
+#!/usr/bin/env python3
+"""Scale benchmark: what a host pays for configured peers and paths.
+
+    sudo python3 scripts/bench_scale.py [--scenarios paths256,peers16,peers64] [--idle 10]
+                                        [--out docs/benchmarks] [--label NAME]
+
+One hub host (h0) of a two-host testbed; h1 is a real peer, the others are
+configured but absent (their underlay addresses resolve to a MAC nobody
+answers, as idle or powered-off nodes behind a gateway would). Scenarios:
+
+  paths256   one real peer, 4 planes x 64 EVs = 256 paths
+  peersN     h1 + N-1 absent peers, 4 planes x 8 EVs = 32 paths each
+
+Measured on h0: `mrcctl up` wall time, kernel map memory (memlock of every
+map the agent holds, from /proc/PID/fdinfo), the agent's CPU (% of one
+core) and RSS idle for --idle seconds and during a 64 MiB transfer to h1,
+EV probes sent per second (the agent's health.json), and the wall time of
+`mrcctl status --json` and of one Prometheus scrape of the agent.
+Writes scale.md and scale.json (appending a labelled run) into --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests" / "integration"))
+
+from lab import Lab  # noqa: E402
+
+PLANES = 4
+METRICS_PORT = 9479
+HZ = os.sysconf("SC_CLK_TCK")
+
+
+def absent_peers(lab: Lab, n: int, evs: int) -> str:
+    """TOML for n absent peers of h0, with permanent neighbours so their
+    probes have somewhere to go."""
+    out = []
+    for k in range(n):
+        host = 10 + k
+        out += ["[[peer]]", f'name = "idle{k}"', f'overlay = "172.31.{1 + host // 250}.{host % 250 + 1}"',
+                f"evs_per_plane = {evs}", "[peer.underlay]"]
+        for p in range(PLANES):
+            dev = lab.tb.dev(0, 1, p)
+            addr = lab.tb.addr(1, 0, p)
+            a, b, c, _ = addr.split(".")
+            ip = f"{a}.{b}.{c}.{host}"
+            out.append(f'{dev} = "{ip}"')
+            lab.tb.exec(0, ["ip", "neigh", "replace", ip, "lladdr", f"02:00:00:{p:02x}:{host >> 8:02x}:{host & 255:02x}",
+                            "dev", dev, "nud", "permanent"])
+        out.append("")
+    return "\n".join(out)
+
+
+def agent_pid(lab: Lab) -> int:
+    ino = os.stat(f"/run/netns/{lab.tb.ns(0)}").st_ino
+    state = json.loads(Path(f"/run/mrc/instances/ns{ino}-mrc0/state.json").read_text())
+    return int(state["agent_pid"])
+
+
+def run_dir(lab: Lab) -> Path:
+    ino = os.stat(f"/run/netns/{lab.tb.ns(0)}").st_ino
+    return Path(f"/run/mrc/instances/ns{ino}-mrc0")
+
+
+def cpu_s(pid: int) -> float:
+    f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(f[11]) + int(f[12])) / HZ
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def map_memory_mb(pid: int) -> float:
+    seen: dict[int, int] = {}
+    for fd in os.listdir(f"/proc/{pid}/fdinfo"):
+        try:
+            info = Path(f"/proc/{pid}/fdinfo/{fd}").read_text()
+        except OSError:
+            continue
+        kv = dict(line.split(":\t", 1) for line in info.splitlines() if ":\t" in line)
+        if "map_id" in kv and "memlock" in kv:
+            seen[int(kv["map_id"])] = int(kv["memlock"])
+    return sum(seen.values()) / 2**20
+
+
+def probes_sent(lab: Lab) -> int:
+    try:
+        return int(json.loads((run_dir(lab) / "health.json").read_text())["probes_sent"])
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
+def window(lab: Lab, pid: int, seconds: float, during=None) -> dict:
+    c0, p0, t0 = cpu_s(pid), probes_sent(lab), time.monotonic()
+    if during is None:
+        time.sleep(seconds)
+    else:
+        during()
+    time.sleep(1.1)       # health.json is rewritten once a second
+    dt = time.monotonic() - t0
+    return {"agent_cpu_pct": round(100 * (cpu_s(pid) - c0) / dt, 2),
+            "probes_per_s": round((probes_sent(lab) - p0) / dt, 1), "agent_rss_mb": round(rss_mb(pid), 1)}
+
+
+def timed(fn) -> float:
+    t = time.monotonic()
+    fn()
+    return round(time.monotonic() - t, 3)
+
+
+def scenario(name: str, idle_s: float, prefix: str) -> dict:
+    if name == "paths256":
+        evs, n_absent = 64, 0
+    elif name.startswith("peers"):
+        evs, n_absent = 8, int(name[5:]) - 1
+    else:
+        raise SystemExit(f"unknown scenario {name}")
+    extra = f'[metrics]\nlisten = "127.0.0.1:{METRICS_PORT}"\n'
+    with tempfile.TemporaryDirectory() as tmp, \
+            Lab(Path(tmp), hosts=2, planes=PLANES, evs=evs, prefix=prefix) as lab:
+        lab.up(hosts=[1])
+        cfg = lab.tb.mrc_config(0, evs=evs, extra=extra) + "\n" + absent_peers(lab, n_absent, evs)
+        lab.configs[0].write_text(cfg)
+        up_s = timed(lambda: lab.mrcctl(0, "up", timeout=300))
+        time.sleep(3)                      # past the agent's start-up round of probes
+        pid = agent_pid(lab)
+        idle = window(lab, pid, idle_s)
+        busy = window(lab, pid, 0, during=lambda: lab.transfer(0, 1, "64M", port=5301))
+        status_s = timed(lambda: lab.mrcctl(0, "status", "--json", timeout=300))
+        code = ("import urllib.request,sys;urllib.request.urlopen("
+                f"'http://127.0.0.1:{METRICS_PORT}/metrics',timeout=60).read()")
+        scrape_s = timed(lambda: lab.tb.exec(0, [sys.executable, "-c", code], timeout=120))
+        paths = sum(len(p["paths"]) for p in lab.status(0)["peers"])
+        return {"scenario": name, "peers": 1 + n_absent, "paths": paths, "up_s": up_s,
+                "map_memory_mb": round(map_memory_mb(pid), 2), "idle": idle, "transfer": busy,
+                "status_s": status_s, "scrape_s": scrape_s}
+
+
+def write(out: Path, label: str, rows: list[dict], cmd: str) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    jf = out / "scale.json"
+    runs = json.loads(jf.read_text()) if jf.exists() else []
+    runs = [r for r in runs if r.get("label") != label] + [{"label": label, "time": time.time(), "rows": rows}]
+    jf.write_text(json.dumps(runs, indent=1) + "\n")
+    md = ["# Scale: cost of configured peers and paths", "",
+          f"Produced by `{cmd}` (each label one run; see scripts/bench_scale.py for what is measured).", ""]
+    for run in runs:
+        md += [f"## {run['label']}", "",
+               "| scenario | peers | paths | up s | map MiB | idle agent CPU % | idle probes/s | "
+               "agent CPU % under transfer | probes/s under transfer | agent RSS MB | status s | scrape s |",
+               "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in run["rows"]:
+            md.append(f"| {r['scenario']} | {r['peers']} | {r['paths']} | {r['up_s']} | {r['map_memory_mb']} | "
+                      f"{r['idle']['agent_cpu_pct']} | {r['idle']['probes_per_s']} | "
+                      f"{r['transfer']['agent_cpu_pct']} | {r['transfer']['probes_per_s']} | "
+                      f"{r['idle']['agent_rss_mb']} | {r['status_s']} | {r['scrape_s']} |")
+        md.append("")
+    (out / "scale.md").write_text("\n".join(md))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--scenarios", default="paths256,peers16,peers64")
+    ap.add_argument("--idle", type=float, default=10.0, help="seconds of the idle window")
+    ap.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks")
+    ap.add_argument("--label", default="main")
+    ap.add_argument("--prefix", default="bsc")
+    a = ap.parse_args()
+    rows = []
+    for name in a.scenarios.split(","):
+        r = scenario(name.strip(), a.idle, a.prefix)
+        print(json.dumps(r), flush=True)
+        rows.append(r)
+    write(a.out, a.label, rows, "sudo python3 scripts/bench_scale.py " + " ".join(sys.argv[1:]))
+
+
+if __name__ == "__main__":
+    main()
