@@ -3,7 +3,7 @@
  * Every write of outer headers, in one place: encapsulation (encap_push),
  * the hedge's rewrite of a sent unit for another path (encap_write), a
  * probe turned around in place (encap_turn_around) and decapsulation
- * (decap_xdp). Each helper re-derives its packet pointers itself: after
+ * (decap_xdp, decap_tc). Each helper re-derives its packet pointers itself: after
  * bpf_skb_adjust_room / bpf_skb_pull_data / bpf_xdp_adjust_head every
  * pointer the caller held is invalid (testbed facts).
  */
@@ -312,6 +312,42 @@ static __always_inline int decap_xdp(struct xdp_md *ctx, __u32 overhead,
 		return -1;
 	__builtin_memcpy(eth->h_dest, dmac, ETH_ALEN);
 	__builtin_memcpy(eth->h_source, smac, ETH_ALEN);
+	eth->h_proto = bpf_htons(inner_proto);
+	return 0;
+}
+
+/* Newer than some uapi headers this builds against; the kernel checks. */
+#ifndef BPF_F_ADJ_ROOM_DECAP_L3_IPV4
+#define BPF_F_ADJ_ROOM_DECAP_L3_IPV4	(1ULL << 7)
+#define BPF_F_ADJ_ROOM_DECAP_L3_IPV6	(1ULL << 8)
+#endif
+#define MRC_ADJ_ROOM_DECAP_L4_UDP	(1ULL << 10)	/* BPF_F_ADJ_ROOM_DECAP_L4_UDP */
+
+/*
+ * tc ingress: strip the outer IP/UDP/MRC headers behind the Ethernet header
+ * and write the inner ethertype; skb->protocol follows the inner family
+ * (DECAP_L3_*). FIXED_GSO keeps gso_size: a GSO unit's segments carried
+ * seg_size inner bytes each, which is the inner MSS. DECAP_L4_UDP also
+ * clears the UDP-tunnel GSO type and skb->encapsulation the sender's encap
+ * set; kernels without it (before it reached mainline) refuse the flag, and
+ * the retry leaves them: TCP delivered locally ignores both, a forwarded
+ * inner packet is segmented in software.
+ */
+static __always_inline int decap_tc(struct __sk_buff *skb, __u32 overhead,
+				    __u16 inner_proto)
+{
+	__u64 flags = BPF_F_ADJ_ROOM_FIXED_GSO |
+		      (inner_proto == ETH_P_IP ? BPF_F_ADJ_ROOM_DECAP_L3_IPV4 :
+						 BPF_F_ADJ_ROOM_DECAP_L3_IPV6);
+	struct ethhdr *eth;
+
+	if (bpf_skb_adjust_room(skb, -(__s32)overhead, BPF_ADJ_ROOM_MAC,
+				flags | MRC_ADJ_ROOM_DECAP_L4_UDP) &&
+	    bpf_skb_adjust_room(skb, -(__s32)overhead, BPF_ADJ_ROOM_MAC, flags))
+		return -1;
+	eth = (void *)(long)skb->data;
+	if ((void *)(eth + 1) > (void *)(long)skb->data_end)
+		return -1;
 	eth->h_proto = bpf_htons(inner_proto);
 	return 0;
 }

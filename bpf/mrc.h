@@ -523,6 +523,11 @@ struct mrc_hstats {
 				 * (events.h), per CPU */
 	__u64	retx_steered;	/* TCP retransmissions sent on the freshest
 				 * path; writer: mrc_tx (tx.bpf.c) */
+	__u64	rx_gso_units;	/* received skbs holding several wire segments
+				 * (GSO units at tc ingress); writer: mrc_rx_tc
+				 * (rx.bpf.c) */
+	__u64	rx_gso_segs;	/* wire segments in those skbs; writer:
+				 * mrc_rx_tc (rx.bpf.c) */
 };
 
 /*

@@ -1,6 +1,10 @@
 // SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 /*
- * mrc_rx: XDP on every plane device.
+ * mrc_rx: XDP on a plane device; mrc_rx_tc: the same steps at tc ingress
+ * (plane[].rx_hook). The tc hook exists because native XDP on a veth turns
+ * TSO off on its peer: the sender then segments every unit in software and
+ * the receiver handles one wire segment per packet. At tc ingress a whole
+ * GSO unit arrives as one skb and leaves decapsulated, still one skb.
  *
  * Frames that are not mrc's leave untouched with XDP_PASS. MRC frames are
  * validated (validate.h: each failure dropped and counted under its enum
@@ -10,10 +14,12 @@
  * (dedup.h) and decapsulated (encap.h): the kernel receives the inner
  * packet on the plane device (XDP_PASS).
  *
- * rx_process is hook-neutral; only rx_exit knows it runs in XDP.
+ * rx_process is hook-neutral; rx_exit (XDP) and rx_exit_tc carry out its
+ * verdict, and rx_count counts it for both.
  */
 #include <linux/bpf.h>
 #include <linux/in.h>
+#include <linux/pkt_cls.h>
 #include <stdbool.h>
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
@@ -83,8 +89,117 @@ static __always_inline __u32 rx_wire_psn(const struct mrc_hdr *mh,
 	return psn;
 }
 
+/* Several wire segments of one unit in one buffer (a GSO skb at tc
+ * ingress): every one of their PSNs is accounted as if it had arrived
+ * alone. Run by bpf_loop so the verifier walks one segment, not 64. */
+struct rx_segs {
+	__u32	peer_idx;
+	__u32	path_id;
+	__u32	psn;		/* the first segment's wire PSN */
+	__u32	dups;		/* segments dedup_seen() had seen */
+	bool	hedged;
+};
+
+static long rx_seg_account(__u64 i, void *ctx)
+{
+	struct rx_segs *r = ctx;
+	struct mrc_path_stats *st = path_stats(r->peer_idx, r->path_id);
+
+	if (!st)
+		return 1;
+	reorder_account(r->peer_idx, r->psn + (__u32)i, st, peer_seq(r->peer_idx));
+	if (r->hedged && dedup_seen(r->peer_idx, r->psn + (__u32)i))
+		r->dups += 1;
+	return 0;
+}
+
+/* What the PSN accounting makes of a DATA frame's n wire packets. */
+enum rx_acc {
+	RX_ACC_NEW	= 0,	/* deliver */
+	RX_ACC_DUP	= 1,	/* the second copy of a hedged unit: drop */
+	RX_ACC_AHEAD	= 2,	/* hedged, too far ahead to mark: deliver, count */
+};
+#define RX_ACC_HEDGED	0x10000	/* with the 16-bit epoch in rx_account's last argument */
+
+/*
+ * Reordering hints, duplicates and loss of the wire packets psn..psn+n-1,
+ * within the sender's current epoch only (bpf/epoch.h); how far ahead of
+ * the window a hedged copy was bounds what dedup may mark. Several
+ * segments in one skb are a duplicate only if all are: part of an skb
+ * cannot be dropped, and TCP discards the repeated bytes.
+ *
+ * A global function: the verifier checks the accounting once, not once per
+ * state of the parsing before it (inlined, it took mrc_rx_tc past the
+ * 1M-instruction verification limit).
+ */
+__attribute__((noinline)) int rx_account(__u32 peer_idx, __u32 path_id, __u32 psn,
+					 __u32 n, __u32 epoch_hedged)
+{
+	struct mrc_path_stats *st = path_stats(peer_idx, path_id);
+	bool hedged = epoch_hedged & RX_ACC_HEDGED, mark;
+	__u32 ahead = 0;
+
+	if (!st || !epoch_current(peer_idx, (__u16)epoch_hedged))
+		return RX_ACC_NEW;
+	if (hedged)
+		ahead = reorder_ahead(peer_idx, psn);
+	mark = hedged && ahead <= DEDUP_AHEAD;
+	if (n > 1) {
+		struct rx_segs r = {
+			.peer_idx = peer_idx, .path_id = path_id, .psn = psn, .hedged = mark,
+		};
+
+		bpf_loop(n, rx_seg_account, &r, 0);
+		if (mark && r.dups == n)
+			return RX_ACC_DUP;
+	} else {
+		reorder_account(peer_idx, psn, st, peer_seq(peer_idx));
+		if (mark && dedup_seen(peer_idx, psn))
+			return RX_ACC_DUP;
+	}
+	return hedged && !mark ? RX_ACC_AHEAD : RX_ACC_NEW;
+}
+
+/* evidence_echo() as a global function, verified once (see rx_account). */
+__attribute__((noinline)) int rx_echo(__u32 peer_idx, __u32 fb, __u32 fb_ts, __u64 now)
+{
+	struct mrc_peer *peer = peer_get(peer_idx);
+
+	if (peer)
+		evidence_echo(peer_idx, peer, fb, fb_ts, now, (__u32)(now / 1000));
+	return 0;
+}
+
+/* How many wire segments a buffer of inner TCP holds: its payload in
+ * seg_size pieces, never more than the unit has left from index first. */
+static __always_inline __u32 rx_seg_count(const struct mrc_hdr *mh,
+					  const struct l3_desc *in, void *data,
+					  void *data_end, __u32 len, __u32 first,
+					  __u32 *hdrs_out)
+{
+	struct tcphdr *tcph = in->l4;
+	__u32 hdrs, payload, n, segs = bpf_ntohs(mh->segs);
+	__u16 seg_size = bpf_ntohs(mh->seg_size);
+
+	if (segs <= 1 || !seg_size || in->proto != IPPROTO_TCP ||
+	    (void *)(tcph + 1) > data_end || first >= segs)
+		return 1;
+	hdrs = (void *)tcph - data + tcph->doff * 4;
+	if (len <= hdrs)
+		return 1;
+	payload = len - hdrs;
+	*hdrs_out = hdrs;
+	n = (payload + seg_size - 1) / seg_size;
+	if (n > segs - first)
+		n = segs - first;
+	return n ? n : 1;
+}
+
+/* len: the frame's bytes (a tc skb's may lie beyond data_end); multi: the
+ * buffer may hold several wire segments of one unit (a GSO skb; constant
+ * false for XDP, which then carries none of that code). */
 static __always_inline __u32 rx_process(void *data, void *data_end, __u32 ifindex,
-					struct mrc_frame *f)
+					__u32 len, bool multi, struct mrc_frame *f)
 {
 	struct hdr_cursor nh;
 	struct mrc_config *cfg;
@@ -93,18 +208,20 @@ static __always_inline __u32 rx_process(void *data, void *data_end, __u32 ifinde
 	struct mrc_path_stats *st;
 	struct mrc_hdr *mh;
 	struct mrc_path *pcfg;
-	__u32 peer_idx, path_id, plane, type, psn, v, now_us = 0, ahead;
+	__u32 peer_idx, path_id, plane, type, psn, v;
 	__u32 done = RX_NOT_COUNTED;	/* reason a delivered frame counts */
-	int ecn;
+	__u32 n = 1, hdrs = 0;
+	int ecn, acc;
 	__u64 now = 0;
-	bool receipt, fresh;
+	bool receipt;
 
 	f->auth = NULL;
 	f->mac_len = 0;
+	f->len = len;
 	cfg = cfg_get();
 	if (!cfg)
 		return RX_PASS_UNCOUNTED;
-	v = rx_validate(data, data_end, ifindex, cfg_udp_port(cfg), f,
+	v = rx_validate(data, data_end, len, ifindex, cfg_udp_port(cfg), f,
 			&peer_idx, &peer, &plane, &type);
 	if (RX_ACTION(v) == RX_ICMP)
 		v = pmtu_rx_icmp(f, data_end, ifindex, cfg_udp_port(cfg));
@@ -164,38 +281,42 @@ static __always_inline __u32 rx_process(void *data, void *data_end, __u32 ifinde
 	if (v != RX_CONTINUE_V)
 		return v;
 	psn = rx_wire_psn(mh, &f->inner, data_end);
+	if (multi) {
+		n = rx_seg_count(mh, &f->inner, data, data_end, len,
+				 psn - bpf_ntohl(mh->psn), &hdrs);
+		if (n > 1) {
+			struct mrc_hstats *hs = health_stats();
 
-	st->rx_packets += 1;
-	st->rx_bytes += f->len;
+			if (hs) {
+				hs->rx_gso_units += 1;
+				hs->rx_gso_segs += n;
+			}
+		}
+	}
+
+	st->rx_packets += n;
+	/* what the segments took on the wire: each repeats every header */
+	st->rx_bytes += len + (__u64)(n - 1) * hdrs;
 
 	/* The first segment of a unit to arrive applies its feedback. */
 	receipt = feedback_receipt(live, bpf_ntohl(mh->psn), bpf_ntohl(mh->tx_ts),
 				   &now);
-	if (receipt)
-		now_us = (__u32)(now / 1000);
 
-	/* Reordering hints, duplicates and loss, per wire packet, within
-	 * the sender's current epoch only (bpf/epoch.h); how far ahead of
-	 * the window it was bounds what dedup may mark. */
-	fresh = epoch_current(peer_idx, bpf_ntohs(mh->epoch));
-	ahead = (fresh && (mh->flags & MRC_F_HEDGE)) ? reorder_ahead(peer_idx, psn) : 0;
-	if (fresh)
-		reorder_account(peer_idx, psn, st, peer_seq(peer_idx));
+	/* Reordering hints, duplicates and loss, per wire packet (rx_account). */
+	acc = rx_account(peer_idx, path_id, psn, n, bpf_ntohs(mh->epoch) |
+			 ((mh->flags & MRC_F_HEDGE) ? RX_ACC_HEDGED : 0));
 
 	/* Feedback: the peer tells us one of OUR paths delivered a packet
 	 * we sent at fb_ts. */
 	if (receipt && (mh->flags & MRC_F_FEEDBACK))
-		evidence_echo(peer_idx, peer, bpf_ntohs(mh->fb_path),
-			      bpf_ntohl(mh->fb_ts), now, now_us);
+		rx_echo(peer_idx, bpf_ntohs(mh->fb_path), bpf_ntohl(mh->fb_ts), now);
 
 	/* The second copy of a hedged unit's packet goes no further; it
 	 * still counted as evidence above. */
-	if (fresh && (mh->flags & MRC_F_HEDGE)) {
-		if (ahead > DEDUP_AHEAD)
-			done = MRC_R_RX_HEDGE_AHEAD;
-		else if (dedup_seen(peer_idx, psn))
-			return RX_V(RX_DROP, MRC_R_RX_DUPLICATE);
-	}
+	if (acc == RX_ACC_DUP)
+		return RX_V(RX_DROP, MRC_R_RX_DUPLICATE);
+	if (acc == RX_ACC_AHEAD)
+		done = MRC_R_RX_HEDGE_AHEAD;
 
 	/* ECN: the fabric's CE reaches the inner packet (bpf/ecn.h). */
 	ecn = ecn_decap(f->l3.tos, f->inner.tos);
@@ -208,7 +329,15 @@ static __always_inline __u32 rx_process(void *data, void *data_end, __u32 ifinde
 	return RX_V(RX_DELIVER, done);
 }
 
-/* The one exit: carry out the verdict and count its reason. */
+/* Both exits count a verdict's reason here, once. */
+static __always_inline int rx_count(__u32 reason, int ret)
+{
+	if (reason != RX_NOT_COUNTED)
+		count_reason(reason);
+	return ret;
+}
+
+/* XDP's exit: carry out the verdict. */
 static __always_inline int rx_exit(struct xdp_md *ctx, struct mrc_frame *f, __u32 v)
 {
 	__u32 action = RX_ACTION(v), reason = RX_REASON(v);
@@ -235,9 +364,7 @@ static __always_inline int rx_exit(struct xdp_md *ctx, struct mrc_frame *f, __u3
 	} else if (action == RX_DROP) {
 		ret = XDP_DROP;
 	}
-	if (reason != RX_NOT_COUNTED)
-		count_reason(reason);
-	return ret;
+	return rx_count(reason, ret);
 }
 
 /*
@@ -254,9 +381,62 @@ int mrc_rx(struct xdp_md *ctx)
 	void *data_end = (void *)(long)ctx->data_end;
 	struct mrc_frame f;
 
-	f.len = bpf_xdp_get_buff_len(ctx);
+	return rx_exit(ctx, &f, rx_process(data, data_end, ctx->ingress_ifindex,
+					   bpf_xdp_get_buff_len(ctx), false, &f));
+}
 
-	return rx_exit(ctx, &f, rx_process(data, data_end, ctx->ingress_ifindex, &f));
+/* tc's exit: a probe goes back out of the device it came in on (tc has
+ * no XDP_TX; the redirect passes the device's egress qdisc, unlike XDP_TX,
+ * so a shaped plane shapes replies too). */
+static __always_inline int rx_exit_tc(struct __sk_buff *skb, struct mrc_frame *f, __u32 v)
+{
+	__u32 action = RX_ACTION(v), reason = RX_REASON(v);
+	int ret = TC_ACT_OK;
+
+	if (action == RX_DELIVER) {
+		if (decap_tc(skb, f->l2_len - ETH_HLEN + f->l3.hdr_len + sizeof(struct udphdr) +
+				  sizeof(struct mrc_hdr) + f->mac_len, l3_ethertype(&f->inner))) {
+			reason = MRC_R_RX_DECAP_FAIL;
+			ret = TC_ACT_SHOT;
+		}
+	} else if (action == RX_TURN_AROUND) {
+		struct mrc_auth_inner ai = {};
+
+		encap_turn_around(f);
+		ret = bpf_redirect(skb->ifindex, 0);
+		/* re-signed as in XDP's exit */
+		if (f->auth && auth_sign(f->mh, (void *)(long)skb->data_end, f->auth, &ai))
+			ret = TC_ACT_SHOT;
+	} else if (action == RX_DROP) {
+		ret = TC_ACT_SHOT;
+	}
+	return rx_count(reason, ret);
+}
+
+/* Headers rx_process reads directly: Ethernet, outer IPv6, UDP, MRC, inner
+ * IPv4 with options and TCP with options. */
+#define RX_TC_LINEAR	(ETH_HLEN + 40 + 8 + MRC_HDR_LEN + 60 + 60)
+
+SEC("tc")
+int mrc_rx_tc(struct __sk_buff *skb)
+{
+	__u32 want = skb->len < RX_TC_LINEAR ? skb->len : RX_TC_LINEAR;
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct mrc_frame f;
+
+	/* A GSO or paged skb may hold less than the headers in its linear
+	 * part; pulling is cheap when it is already there, so only if short. */
+	if (data + want > data_end) {
+		bpf_skb_pull_data(skb, want);
+		data = (void *)(long)skb->data;
+		data_end = (void *)(long)skb->data_end;
+	}
+	/* A GSO skb is several wire segments: the sender's encap left
+	 * gso_size (FIXED_GSO) and reset gso_segs, so either marks one. A
+	 * plain skb is one wire segment, whatever its header claims. */
+	return rx_exit_tc(skb, &f, rx_process(data, data_end, skb->ifindex, skb->len,
+					      skb->gso_size || skb->gso_segs > 1, &f));
 }
 
 char _license[] SEC("license") = "Dual BSD/GPL";

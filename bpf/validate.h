@@ -82,15 +82,16 @@ static __always_inline __u32 rx_refuse(bool reply_only, __u32 reason)
 }
 
 /*
- * Outer headers up to the MRC header (f->len, the whole frame's length, set
- * by the caller): fills f (eth, l3, udp, mh), the
+ * Outer headers up to the MRC header (linear: data..data_end; len is the
+ * whole frame, which at tc ingress and in an XDP multi-buffer frame may go
+ * on beyond data_end): fills f (eth, l3, udp, mh), the
  * sending peer, its entry and the plane the frame arrived on (its index in
  * this host's config). Returns RX_CONTINUE_V for a well-formed MRC frame
  * from a configured peer, else the final verdict. *type is the MRC packet
  * type.
  */
 static __always_inline __u32 rx_validate(void *data, void *data_end,
-					 __u32 ifindex, __u16 udp_port,
+					 __u32 len, __u32 ifindex, __u16 udp_port,
 					 struct mrc_frame *f, __u32 *peer_idx,
 					 struct mrc_peer **peerp, __u32 *plane,
 					 __u32 *type)
@@ -166,7 +167,7 @@ static __always_inline __u32 rx_validate(void *data, void *data_end,
 	ip_len = f->l3.len;
 	if ((void *)(mh + 1) > data_end ||
 	    ip_len < l3_len + sizeof(*udp) + sizeof(*mh) ||
-	    f->len < f->l2_len + ip_len ||
+	    len < f->l2_len + ip_len ||
 	    bpf_ntohs(udp->len) < sizeof(*udp) + sizeof(*mh) ||
 	    bpf_ntohs(udp->len) > ip_len - l3_len)
 		return rx_refuse(reply_only, MRC_R_RX_TRUNCATED);

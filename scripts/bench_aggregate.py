@@ -84,8 +84,41 @@ def iperf(lab: Lab, dst_addr: str, seconds: float, mptcp: bool = False) -> dict:
             srv.kill()
     if "error" in res:   # iperf3 -J exits 0 on e.g. connection refused
         return {"error": str(res["error"])[:200]}
-    return {"gbps": res["end"]["sum_received"]["bits_per_second"] / 1e9,
-            "iperf_retrans": res["end"]["sum_sent"].get("retransmits")}
+    recv = res["end"]["sum_received"]
+    cpu = res["end"].get("cpu_utilization_percent") or {}
+    gb = recv["bytes"] / 1e9
+    out = {"gbps": recv["bits_per_second"] / 1e9, "iperf_retrans": res["end"]["sum_sent"].get("retransmits"),
+           "gbytes": round(gb, 3)}
+    # iperf3's getrusage() of each end: CPU seconds charged to the sending and
+    # the receiving process, per GB delivered (see cpu_note())
+    for side, key in (("snd", "host_total"), ("rcv", "remote_total")):
+        if key in cpu and gb:
+            out[f"{side}_cpu_s_per_gb"] = round(cpu[key] / 100 * recv["seconds"] / gb, 3)
+    return out
+
+
+def busy_jiffies() -> tuple[int, int]:
+    """(busy, all) CPU jiffies of the machine from /proc/stat: busy is every
+    state but idle, iowait and steal (user, nice, system, irq, softirq)."""
+    f = [int(x) for x in open("/proc/stat").readline().split()[1:]]
+    idle = f[3] + f[4] + (f[7] if len(f) > 7 else 0)
+    return sum(f[:8]) - idle, sum(f[:8])
+
+
+def machine_cpu(fn) -> tuple[dict, float, float]:
+    """Run fn(); returns (its result, with background_busy_pct: how busy the
+    machine was in the second before; machine busy CPU seconds during it; the
+    busy CPU seconds the same span cost before it with no traffic)."""
+    hz = os.sysconf("SC_CLK_TCK")
+    b0, _ = busy_jiffies()
+    time.sleep(1.0)
+    b1, _ = busy_jiffies()
+    t0 = time.monotonic()
+    out = fn()
+    dt = time.monotonic() - t0
+    b2, _ = busy_jiffies()
+    out["background_busy_pct"] = round(100 * (b1 - b0) / hz / (os.cpu_count() or 1))
+    return out, (b2 - b1) / hz, (b1 - b0) / hz * dt
 
 
 NSTAT_KEYS = ("TcpRetransSegs", "TcpOutSegs", "TcpExtTCPSACKReorder", "TcpExtTCPDSACKRecv",
@@ -101,9 +134,15 @@ def throttles(lab: Lab) -> int:
 
 def measured(lab: Lab, fn, mrc: bool) -> dict:
     n0 = lab.nstat(0)
-    r0 = lab.status(1)["peers"][0].get("reorder") if mrc else None
+    snap0 = lab.status(1) if mrc else None
+    r0 = snap0["peers"][0].get("reorder") if mrc else None
     t0, q0 = time.monotonic(), throttles(lab)
-    out = fn()
+    out, busy, idle_busy = machine_cpu(fn)
+    if out.get("gbytes"):
+        # the whole machine (both hosts, every softirq and kthread) during the
+        # run, less what it was busy with in the second before: other tenants
+        out["machine_cpu_s_per_gb"] = round(max(0.0, busy - idle_busy) / out["gbytes"], 3)
+        out["machine_busy_s_per_gb"] = round(busy / out["gbytes"], 3)
     out["throttles_per_s"] = round((throttles(lab) - q0) / (time.monotonic() - t0))
     n1 = lab.nstat(0)
     for k in NSTAT_KEYS:
@@ -113,7 +152,16 @@ def measured(lab: Lab, fn, mrc: bool) -> dict:
     # segments the receiver reported as received twice (DSACK): spurious retransmissions
     out["spurious_pct"] = round(100 * out["TcpExtTCPDSACKRecvSegs"] / segs, 2) if segs else None
     if mrc and r0 is not None:
-        r1 = lab.status(1)["peers"][0]["reorder"]
+        snap1 = lab.status(1)
+        r1 = snap1["peers"][0]["reorder"]
+        # wire segments per skb the receive hook got: 1 with XDP on a veth
+        # (its peer lost TSO), the GSO unit's size with tc ingress
+        h0, h1 = snap0.get("health", {}), snap1.get("health", {})
+        units = h1.get("rx_gso_units", 0) - h0.get("rx_gso_units", 0)
+        segs = h1.get("rx_gso_segs", 0) - h0.get("rx_gso_segs", 0)
+        rx = r1["rx_packets"] - r0["rx_packets"]
+        out["rx_hook"] = ",".join(sorted({p.get("rx_hook") or "?" for p in snap1.get("planes", [])}))
+        out["rx_wire_per_skb"] = round(rx / (rx - segs + units), 2) if rx - segs + units > 0 else None
         out["reorder"] = {k: r1[k] - r0[k] for k in ("rx_packets", "ooo", "dup", "lost", "late")}
         out["reorder"]["hist"] = {k: r1["hist"][k] - r0["hist"].get(k, 0) for k in r1["hist"]
                                   if r1["hist"][k] - r0["hist"].get(k, 0)}
@@ -161,39 +209,48 @@ def teardown_mptcp(lab: Lab) -> None:
 
 
 MRC_VARIANTS = {
-    # name: (spray, weights mode, plane weights from rates?, gso_max_size)
-    # defaults: spraying unit 64 KiB / planes, >= 16 KiB (Config.spray_unit), [health] defaults
-    "mrc weighted": ("weighted", "fixed", True, None),
+    # name: (spray, weights mode, plane weights from rates?, gso_max_size, plane rx_hook)
+    # defaults: spraying unit 64 KiB / planes, >= 16 KiB (Config.spray_unit), [health] defaults,
+    # rx_hook from the config (default auto: tc ingress on these veth planes)
+    "mrc weighted": ("weighted", "fixed", True, None, None),
+    # the receive hook: XDP costs the sender's veth its TSO (every unit
+    # segmented in software), tc ingress decapsulates whole GSO units
+    "mrc weighted xdp-rx": ("weighted", "fixed", True, None, "xdp"),
+    "mrc weighted tc-rx": ("weighted", "fixed", True, None, "tc"),
     # the unit bounds the reordering between planes (about planes - 1 units):
     # the kernel's 64 KiB for comparison, and 8 KiB (less reordering, more CPU)
-    "mrc weighted 64K": ("weighted", "fixed", True, 65536),
-    "mrc weighted 8K": ("weighted", "fixed", True, 8192),
-    "mrc adaptive": ("weighted", "adaptive", False, None),
-    "mrc flowlet": ("flowlet", "fixed", True, None),
-    "mrc hash": ("hash", "fixed", True, None),
+    "mrc weighted 64K": ("weighted", "fixed", True, 65536, None),
+    "mrc weighted 8K": ("weighted", "fixed", True, 8192, None),
+    "mrc adaptive": ("weighted", "adaptive", False, None, None),
+    "mrc flowlet": ("flowlet", "fixed", True, None, None),
+    "mrc hash": ("hash", "fixed", True, None, None),
 }
+# methods of the shaped scenarios (the rx-hook pair runs unshaped, where the CPU is the limit)
+SHAPED_METHODS = ["tcp 1 plane", "ecmp", "mptcp", *[m for m in MRC_VARIANTS if "-rx" not in m]]
+UNSHAPED_METHODS = ["tcp 1 plane", "mptcp", "mrc weighted xdp-rx", "mrc weighted tc-rx", "mrc weighted 64K"]
 
 
-def mrc_config(lab: Lab, rates: list, spray: str, mode: str, by_rate: bool, gso, evs: int):
+def mrc_config(lab: Lab, rates: list, spray: str, mode: str, by_rate: bool, gso, evs: int,
+               rx_hook: str | None = None):
     bits = [rate_bits(r) or 10**9 for r in rates]
     unit = min(bits)
     weights = [max(1, round(b / unit)) for b in bits] if by_rate else [1] * len(rates)
     extra = f'[weights]\nmode = "{mode}"\n'
     for i in (0, 1):
         text = lab.tb.mrc_config(i, evs=evs, weights=weights, extra=extra,
-                                 peer_extra=f'spray = "{spray}"')
+                                 peer_extra=f'spray = "{spray}"', rx_hook=rx_hook)
         if gso:
             text = text.replace("[overlay]\n", f"[overlay]\ngso_max_size = {gso}\n", 1)
         lab.configs[i].write_text(text)
 
 
 def run_scenario(name: str, rates: list, seconds: float, methods: list[str], tmp: Path, evs: int,
-                 log) -> list[dict]:
+                 log, prefix: str = PREFIX) -> list[dict]:
     rows = []
     planes = len(rates)
     total = sum(rate_bits(r) for r in rates) / 1e9
     (tmp / name).mkdir(exist_ok=True)
-    with Lab(tmp / name, hosts=2, planes=planes, rates=rates, evs=evs, prefix=PREFIX) as lab:
+    with Lab(tmp / name, hosts=2, planes=planes, rates=rates, evs=evs, prefix=prefix) as lab:
         for i in (0, 1):
             lab.write_config(i, evs=evs)
         for m in methods:
@@ -215,10 +272,10 @@ def run_scenario(name: str, rates: list, seconds: float, methods: list[str], tmp
                     finally:
                         teardown_mptcp(lab)
                 else:
-                    spray, mode, by_rate, gso = MRC_VARIANTS[m]
+                    spray, mode, by_rate, gso, hook = MRC_VARIANTS[m]
                     for i in (0, 1):
                         lab.mrcctl(i, "down", check=False)
-                    mrc_config(lab, rates, spray, mode, by_rate, gso, evs)
+                    mrc_config(lab, rates, spray, mode, by_rate, gso, evs, hook)
                     lab.up()
                     time.sleep(0.3)
                     row.update(measured(lab, lambda: iperf(lab, lab.overlay(1), seconds), True))
@@ -254,6 +311,26 @@ SEC("xdp") int floor_rx(struct xdp_md *ctx)
 {
 	return bpf_xdp_adjust_head(ctx, OVERHEAD) ? XDP_DROP : XDP_PASS;
 }
+/* tc ingress: the bare program lets the packet go on; the floor strips
+ * the outer headers behind Ethernet as mrc_rx_tc's decap_tc does (its
+ * first call, with BPF_F_ADJ_ROOM_DECAP_L4_UDP, fails on kernels without
+ * that flag: both calls are in the floor too) and writes the ethertype. */
+SEC("tc") int bare_rx_tc(struct __sk_buff *skb) { return 0; }
+SEC("tc") int floor_rx_tc(struct __sk_buff *skb)
+{
+	__u64 f = BPF_F_ADJ_ROOM_FIXED_GSO | (1ULL << 7);
+	void *data, *data_end;
+
+	if (bpf_skb_adjust_room(skb, -OVERHEAD, BPF_ADJ_ROOM_MAC, f | (1ULL << 10)) &&
+	    bpf_skb_adjust_room(skb, -OVERHEAD, BPF_ADJ_ROOM_MAC, f))
+		return 2;
+	data = (void *)(long)skb->data;
+	data_end = (void *)(long)skb->data_end;
+	if (data + 14 > data_end)
+		return 2;
+	((__u16 *)data)[6] = __builtin_bswap16(0x0800);
+	return 0;
+}
 char _license[] SEC("license") = "GPL";
 """
 
@@ -282,6 +359,8 @@ def per_packet_cost(n: int, log) -> dict:
     bare_rx = Program.from_id(bo.program("bare_rx").id)
     floor_tx = Program.from_id(bo.program("floor_tx").id)
     floor_rx = Program.from_id(bo.program("floor_rx").id)
+    bare_rx_tc = Program.from_id(bo.program("bare_rx_tc").id)
+    floor_rx_tc = Program.from_id(bo.program("floor_rx_tc").id)
     bo.close()
 
     loaded = load_objects()
@@ -344,6 +423,12 @@ def per_packet_cost(n: int, log) -> dict:
         struct.pack_into("!I", rx_frame, tcp_seq_off, (k * segs + j) * seg)
         return bytes(rx_frame)
 
+    def rx_tc_fn(i):
+        # as rx_fn (rx_unit_fn left unit fields behind), with PSNs of their
+        # own past both streams above: new to the window too
+        struct.pack_into("!HHI", rx_frame, mh + 12, 1, 0, 0)
+        return rx_fn(i + 3 * n)
+
     res: dict = {}
     # the two mrc_rx streams share the receiver's PSN window: one after
     # the other, each interleaved with the bare program it is compared with
@@ -356,6 +441,8 @@ def per_packet_cost(n: int, log) -> dict:
     bare_first = res["bare xdp pass"]
     timed([("bare xdp pass", bare_rx, rx_fn), ("mrc_rx 16K units", loaded.rx, rx_unit_fn)])
     res["bare xdp pass (units)"], res["bare xdp pass"] = res["bare xdp pass"], bare_first
+    timed([("bare tc ok", bare_rx_tc, rx_tc_fn), ("floor tc decap", floor_rx_tc, rx_tc_fn),
+           ("mrc_rx_tc", loaded.rx_tc, rx_tc_fn)])
     drops = {r.label: wire.sum_percpu_u64(maps["mrc_drops"].lookup_percpu(wire.u32(int(r))))
              for r in wire.Reason}
     res["tx_ratio"] = round(res["mrc_tx"] / res["bare tc redirect"], 2)
@@ -363,10 +450,12 @@ def per_packet_cost(n: int, log) -> dict:
     res["rx_units_ratio"] = round(res["mrc_rx 16K units"] / res["bare xdp pass (units)"], 2)
     res["floor_tx_ratio"] = round(res["floor tc clock + encap"] / res["bare tc redirect"], 2)
     res["floor_rx_ratio"] = round(res["floor xdp decap"] / res["bare xdp pass"], 2)
+    res["rx_tc_ratio"] = round(res["mrc_rx_tc"] / res["bare tc ok"], 2)
+    res["floor_rx_tc_ratio"] = round(res["floor tc decap"] / res["bare tc ok"], 2)
     res["packets"] = n
     res["drops_during_bench"] = {k: v for k, v in drops.items() if v}
     loaded.close()
-    for p in (bare_tx, bare_rx, floor_tx, floor_rx):
+    for p in (bare_tx, bare_rx, floor_tx, floor_rx, bare_rx_tc, floor_rx_tc):
         p.close()
     return res
 
@@ -397,10 +486,10 @@ while time.monotonic() < end:
 """
 
 
-def up_latency_and_rss(tmp: Path, log) -> dict:
+def up_latency_and_rss(tmp: Path, log, prefix: str = PREFIX) -> dict:
     out = {}
     (tmp / "uplat").mkdir(exist_ok=True)
-    with Lab(tmp / "uplat", hosts=2, planes=4, evs=4, prefix=PREFIX,
+    with Lab(tmp / "uplat", hosts=2, planes=4, evs=4, prefix=prefix,
              extra='[weights]\nmode = "adaptive"\n') as lab:
         lab.up([1])
         ready = tmp / "uplat-ready"
@@ -469,13 +558,45 @@ def wire_ceiling(row: dict) -> float | None:
     return bits / 1e9 * payload / (mtu + ETH)
 
 
+def cpu_table(rows: list[dict]) -> list[str]:
+    rows = [r for r in rows if r.get("machine_cpu_s_per_gb") is not None]
+    if not rows:
+        return []
+    out = ["## CPU time per GB moved", "",
+           "`machine`: busy CPU seconds of the whole machine (/proc/stat: every state but idle, iowait "
+           "and steal; both hosts, all softirq and kernel threads) during the iperf3 run, less the "
+           "busy seconds the same span took in the second before it with no traffic (other tenants), "
+           "per GB the receiver got; `background %` is that second's busy share of all CPUs: near 100 % "
+           "the machine was already full and `machine` says nothing (`busy` is the raw figure). `sender` / `receiver`: the CPU iperf3 reports for its own client "
+           "and server process (getrusage); this kernel has tick-based accounting without "
+           "IRQ_TIME_ACCOUNTING, so softirq work done in a process's context (veth transmit, and "
+           "receive processing run on the way out of a syscall) is charged to that process, "
+           "work done in ksoftirqd to neither. Lower is better.", "",
+           "`rx hook` and `wire pkts / skb`: the receive program the planes got and how many wire packets "
+           "each skb it handled carried on average (mrc_hstats.rx_gso_units / rx_gso_segs).", "",
+           "| scenario | method | rx hook | wire pkts / skb | Gbit/s | GB | machine s/GB | busy s/GB | sender s/GB | "
+           "receiver s/GB | background % |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        out.append(f"| {r['scenario']} | {r['method']} | {r.get('rx_hook', '–')} | "
+                   f"{fmt(r.get('rx_wire_per_skb'))} | {fmt(r.get('gbps'), 3)} | {fmt(r.get('gbytes'))} | "
+                   f"{fmt(r.get('machine_cpu_s_per_gb'), 3)} | {fmt(r.get('machine_busy_s_per_gb'), 3)} | "
+                   f"{fmt(r.get('snd_cpu_s_per_gb'), 3)} | "
+                   f"{fmt(r.get('rcv_cpu_s_per_gb'), 3)} | {fmt(r.get('background_busy_pct'))} |")
+    return out + [""]
+
+
 def fmt(x, nd=2):
     return "–" if x is None else (f"{x:.{nd}f}" if isinstance(x, float) else str(x))
 
 
 def report(rows: list[dict], cost: dict, uplat: dict, args, started: float, load: dict) -> str:
     cmd = "sudo python3 scripts/bench_aggregate.py" + (" --quick" if args.quick else "") + \
-          (f" --seconds {args.seconds:g}" if args.seconds != (2 if args.quick else 5) else "")
+          (f" --seconds {args.seconds:g}" if args.seconds != (2 if args.quick else 5) else "") + \
+          (f" --scenarios {args.scenarios}" if args.scenarios else "") + \
+          (f" --methods '{args.methods}'" if args.methods else "") + (" --skip-cost" if args.skip_cost else "") + \
+          (" --skip-startup" if args.skip_startup else "") + (f" --prefix {args.prefix}" if args.prefix != PREFIX else "") + \
+          (f" --out {os.path.relpath(args.out, REPO)}" if Path(args.out) != OUT_DIR / "aggregation" else "")
     lines = ["# Aggregation benchmark: one TCP connection over many planes", "",
              f"Command: `{cmd}`  ", f"Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(started))}, "
              f"{os.cpu_count()} CPUs, kernel {os.uname().release}  ",
@@ -532,7 +653,12 @@ def report(rows: list[dict], cost: dict, uplat: dict, args, started: float, load
               f"| mrc_rx, every packet a unit of its own (worst case) | {cost.get('mrc_rx')} | "
               f"{cost.get('bare xdp pass')} | {cost.get('rx_ratio')} |",
               f"| mrc_rx, segments of 16 KiB units (a sprayed TCP stream) | {cost.get('mrc_rx 16K units')} | "
-              f"{cost.get('bare xdp pass (units)')} | {cost.get('rx_units_ratio')} |", "",
+              f"{cost.get('bare xdp pass (units)')} | {cost.get('rx_units_ratio')} |",
+              f"| floor: decap (tc ingress) | {cost.get('floor tc decap')} | {cost.get('bare tc ok')} "
+              f"| {cost.get('floor_rx_tc_ratio')} |",
+              f"| mrc_rx_tc, every packet a unit of its own | {cost.get('mrc_rx_tc')} | "
+              f"{cost.get('bare tc ok')} | {cost.get('rx_tc_ratio')} |", "",
+              *cpu_table(rows),
               "## Start-up and memory", "",
               f"* `mrcctl up` (one host, 4 planes x 4 EVs): the command took {uplat.get('up_command_ms')} ms; "
               f"the first packet crossed the overlay {uplat.get('up_to_first_packet_ms')} ms after it started "
@@ -540,6 +666,14 @@ def report(rows: list[dict], cost: dict, uplat: dict, args, started: float, load
               f"* Resident memory of the agent (`mrcctl agent`, the only process mrc leaves running; the "
               f"datapath is BPF in the kernel): {uplat.get('agent_rss_kib_idle')} KiB idle, "
               f"{uplat.get('agent_rss_kib_after_traffic')} KiB after a transfer with adaptive weights.", ""]
+    # sections of parts this run skipped (--skip-cost, --skip-startup) go
+    cpu = cpu_table(rows)
+    if not uplat:
+        lines = lines[:lines.index("## Start-up and memory")]
+    if not cost:
+        start = lines.index("## Per-packet cost (BPF_PROG_TEST_RUN)")
+        lines = lines[:start] + cpu + lines[start + lines[start:].index(cpu[0]) + len(cpu):] if cpu else \
+            lines[:start]
     return "\n".join(lines) + "\n"
 
 
@@ -666,6 +800,10 @@ def main(argv=None) -> int:
     ap.add_argument("--seconds", type=float, default=None, help="iperf3 duration per row")
     ap.add_argument("--packets", type=int, default=None, help="packets per program for the cost test")
     ap.add_argument("--scenarios", default=None, help="comma list of " + ",".join(SCENARIOS))
+    ap.add_argument("--methods", default=None, help="comma list: only these methods of each scenario")
+    ap.add_argument("--skip-cost", action="store_true", help="no per-packet cost runs")
+    ap.add_argument("--skip-startup", action="store_true", help="no up-latency / agent memory run")
+    ap.add_argument("--prefix", default=PREFIX, help="namespace name prefix (one of your own on a shared machine)")
     ap.add_argument("--out", default=str(OUT_DIR / "aggregation"), help="output path without extension")
     args = ap.parse_args(argv)
     err = preflight("bench_aggregate.py", "namespaces, BPF")
@@ -674,13 +812,13 @@ def main(argv=None) -> int:
         return 2
     args.seconds = args.seconds or (2 if args.quick else 5)
     packets = args.packets or (20_000 if args.quick else 100_000)
-    all_methods = ["tcp 1 plane", "ecmp", "mptcp", *MRC_VARIANTS]
     if args.quick:
         plan = {"equal": ["tcp 1 plane", "mptcp", "mrc weighted"]}
     else:
         names = args.scenarios.split(",") if args.scenarios else list(SCENARIOS)
-        plan = {s: (["tcp 1 plane", "mptcp", "mrc weighted", "mrc weighted 64K"] if s == "unshaped"
-                    else all_methods) for s in names}
+        plan = {s: (UNSHAPED_METHODS if s == "unshaped" else SHAPED_METHODS) for s in names}
+    if args.methods:
+        plan = {s: [m for m in ms if m in args.methods.split(",")] for s, ms in plan.items()}
     started = time.time()
     load = {"before": os.getloadavg()[0].__round__(2)}
     rows: list[dict] = []
@@ -694,10 +832,10 @@ def main(argv=None) -> int:
 
     with tempfile.TemporaryDirectory(prefix="mrc-bench-") as tmp:
         tmp = Path(tmp)
-        cost = per_packet_cost(packets, log)
+        cost = {} if args.skip_cost else per_packet_cost(packets, log)
         for scen, methods in plan.items():
-            rows += run_scenario(scen, SCENARIOS[scen], args.seconds, methods, tmp, 4, log)
-        uplat = up_latency_and_rss(tmp, log)
+            rows += run_scenario(scen, SCENARIOS[scen], args.seconds, methods, tmp, 4, log, args.prefix)
+        uplat = {} if args.skip_startup else up_latency_and_rss(tmp, log, args.prefix)
     load["after"] = round(os.getloadavg()[0], 2)
     out = Path(args.out)
     png = plot(rows, out.with_suffix(".png"))

@@ -48,6 +48,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", default=str(REPO / "docs" / "benchmarks" / "fuzz.md"))
     ap.add_argument("--no-write", action="store_true", help="print the summary only")
+    ap.add_argument("--rx-hook", choices=("xdp", "tc"), default="xdp",
+                    help="receive program: mrc_rx (XDP) or mrc_rx_tc (tc ingress)")
     a = ap.parse_args(argv)
     err = preflight("fuzz.py", "BPF_PROG_TEST_RUN")
     if err:
@@ -55,6 +57,7 @@ def main(argv=None) -> int:
         return 1
 
     dp = Datapath(Path(tempfile.gettempdir()))
+    dp.rx_hook = a.rx_hook
     results = {}
     try:
         dp.configure()
@@ -97,9 +100,10 @@ def report(a, results) -> str:
                            capture_output=True, text=True).stdout.strip()
     total = sum(r.frames for r in results.values())
     lines = [
-        "# Fuzzing mrc_rx and mrc_tx",
+        f"# Fuzzing {'mrc_rx_tc' if a.rx_hook == 'tc' else 'mrc_rx'} and mrc_tx",
         "",
-        f"`sudo scripts/fuzz.py --frames {a.frames} --seed {a.seed}` on "
+        f"`sudo scripts/fuzz.py --frames {a.frames} --seed {a.seed}"
+        f"{' --rx-hook tc' if a.rx_hook == 'tc' else ''}` on "
         f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, kernel {platform.release()}, "
         f"{os.cpu_count()} CPUs, commit {commit}{' + uncommitted bpf/ changes' if dirty else ''}.",
         "",

@@ -76,7 +76,7 @@ REQUIRED_PKGS=(
     iproute2 nftables iperf3 iputils-ping tcpdump tmux ethtool procps
     python3 python3-venv python3-pip ca-certificates
 )
-OPTIONAL_PKGS=(mptcpd)
+OPTIONAL_PKGS=(mptcpd mptcpize)
 
 missing_pkgs() {
     local p st

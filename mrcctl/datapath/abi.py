@@ -748,7 +748,7 @@ class HealthStats(_Counters):
     C_NAME: ClassVar[str] = "mrc_hstats"
     LAYOUT: ClassVar = tuple((n, "Q") for n in (
         "hedged", "hedge_no_path", "dedup_drops", "dead", "recovered", "min_active_held",
-        "fallback", "events_lost", "retx_steered"))
+        "fallback", "events_lost", "retx_steered", "rx_gso_units", "rx_gso_segs"))
 
 
 @_struct

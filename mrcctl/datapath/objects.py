@@ -14,6 +14,7 @@ from .libbpf import BpfObject, LibbpfError, Map, Program
 
 TX_PROG = "mrc_tx"
 RX_PROG = "mrc_rx"
+RX_TC_PROG = "mrc_rx_tc"     # the same receive steps at tc ingress (plane[].rx_hook)
 MAP_NAMES = ("mrc_cfg", "mrc_peers", "mrc_slots", "mrc_paths", "mrc_live", "mrc_peer_seq",
              "mrc_path_stats", "mrc_drops", "mrc_peer_ip", "mrc_rx_peers", "mrc_events",
              "mrc_dedup", "mrc_hstats", "mrc_tx_flows",
@@ -48,8 +49,8 @@ def objects_digest() -> str:
 class Loaded:
     """Freshly loaded programs and their shared maps (owned handles)."""
 
-    def __init__(self, maps: dict[str, Map], tx: Program, rx: Program):
-        self.maps, self.tx, self.rx = maps, tx, rx
+    def __init__(self, maps: dict[str, Map], tx: Program, rx: Program, rx_tc: Program):
+        self.maps, self.tx, self.rx, self.rx_tc = maps, tx, rx, rx_tc
 
     @property
     def map_ids(self) -> dict[str, int]:
@@ -57,10 +58,10 @@ class Loaded:
 
     @property
     def prog_ids(self) -> dict[str, int]:
-        return {TX_PROG: self.tx.id, RX_PROG: self.rx.id}
+        return {TX_PROG: self.tx.id, RX_PROG: self.rx.id, RX_TC_PROG: self.rx_tc.id}
 
     def close(self) -> None:
-        for h in (*self.maps.values(), self.tx, self.rx):
+        for h in (*self.maps.values(), self.tx, self.rx, self.rx_tc):
             h.close()
 
     def __enter__(self):
@@ -81,7 +82,7 @@ def load_objects(reuse: dict[str, Map] | None = None) -> Loaded:
     """
     shared: dict[str, Map] = dict(reuse or {})
     progs = []
-    for path, prog in zip(object_paths(), (TX_PROG, RX_PROG)):
+    for path, names in zip(object_paths(), ((TX_PROG,), (RX_PROG, RX_TC_PROG))):
         obj = BpfObject.open(str(path))
         try:
             for name in [n for n, m in shared.items() if obj.map_def(n) != m.definition]:
@@ -95,7 +96,7 @@ def load_objects(reuse: dict[str, Map] | None = None) -> Loaded:
             for name in MAP_NAMES:
                 if name not in shared:
                     shared[name] = Map.from_id(obj.map(name).id)
-            progs.append(Program.from_id(obj.program(prog).id))
+            progs += [Program.from_id(obj.program(n).id) for n in names]
         finally:
             obj.close()
     return Loaded(shared, *progs)

@@ -27,6 +27,15 @@ class ConfigError(ValueError):
     """Invalid configuration or input; the message is one line."""
 
 
+# plane[].rx_hook: where mrc's receive program runs on the plane. "auto"
+# is decided at `up` from the device (topology.auto_rx_hook): tc ingress on
+# virtual devices (native XDP on a veth turns TSO off on its peer, and every
+# unit is then segmented in software), XDP on NICs. Measured on veth planes:
+# docs/benchmarks/receive-hook.md.
+RX_HOOKS = ("auto", "xdp", "tc")
+RX_HOOK_DEFAULT = "auto"
+
+
 @dataclass(frozen=True)
 class AclEntry:
     """One allow_underlay entry: frames matching every term it has pass."""
@@ -76,6 +85,7 @@ class Plane:
     # None: every non-MRC frame reaches the stack (the default); a tuple
     # (maybe empty): only ARP, IPv6 ND and these (bpf/acl.h)
     allow_underlay: tuple[AclEntry, ...] | None = None
+    rx_hook: str = RX_HOOK_DEFAULT
 
 
 @dataclass(frozen=True)
@@ -348,7 +358,7 @@ def _build(doc: dict, source: str, digest: str) -> Config:
     for i, p in enumerate(planes_raw):
         where = f"plane[{i}]"
         p = _typed(where, p, dict)
-        _check_keys(where, p, {"device", "weight", "address", "allow_underlay"})
+        _check_keys(where, p, {"device", "weight", "address", "allow_underlay", "rx_hook"})
         if "device" not in p:
             raise ConfigError(f"{where}.device: missing")
         dev = _ifname(f"{where}.device", p["device"])
@@ -360,7 +370,11 @@ def _build(doc: dict, source: str, digest: str) -> Config:
         address = _ip(f"{where}.address", p["address"]) if "address" in p else None
         acl = _allow_underlay(f"{where}.allow_underlay", p["allow_underlay"]) \
             if "allow_underlay" in p else None
-        planes.append(Plane(index=i, device=dev, weight=weight, address=address, allow_underlay=acl))
+        rx_hook = _typed(f"{where}.rx_hook", p.get("rx_hook", RX_HOOK_DEFAULT), str)
+        if rx_hook not in RX_HOOKS:
+            raise ConfigError(f"{where}.rx_hook: {rx_hook!r} is not one of {', '.join(RX_HOOKS)}")
+        planes.append(Plane(index=i, device=dev, weight=weight, address=address, allow_underlay=acl,
+                            rx_hook=rx_hook))
 
     health = _health(doc.get("health", {}))
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from ..datapath.libbpf import Program
 from ..datapath.maps import Datapath
-from ..datapath.objects import (RX_PROG, TX_PROG, load_objects, objects_digest, prog_name, programs_alive,
-                                running_maps)
+from ..datapath.objects import (RX_PROG, RX_TC_PROG, TX_PROG, load_objects, objects_digest, prog_name,
+                                programs_alive, running_maps)
 from ..errors import MrcError, StepError
 from . import config as cfgmod
 from . import supervisor, topology
@@ -117,7 +117,21 @@ def _attached(inst: Instance, cfg: cfgmod.Config, nl: topology.Netlink, prior: d
         return False
     if ids.get(TX_PROG) != nl.tc_egress_prog_id(cfg.overlay_device):
         return False
-    return all(nl.xdp_prog_id(p.device) == ids.get(RX_PROG) for p in cfg.planes)
+    hooks = prior.get("rx_hooks", {})
+    for p in cfg.planes:
+        hook = hooks.get(p.device)
+        if hook != rx_hook_of(p, nl):
+            return False
+        if hook == "tc" and nl.tc_ingress_prog_id(p.device) != ids.get(RX_TC_PROG):
+            return False
+        if hook == "xdp" and nl.xdp_prog_id(p.device) != ids.get(RX_PROG):
+            return False
+    return True
+
+
+def rx_hook_of(plane: cfgmod.Plane, nl: topology.Netlink) -> str:
+    """The receive hook a plane gets: its rx_hook, "auto" decided by the device."""
+    return plane.rx_hook if plane.rx_hook != "auto" else nl.auto_rx_hook(plane.device)
 
 
 def _step(name: str, fn, *args, **kw):
@@ -141,7 +155,13 @@ def _apply(cfg, inst, nl, planes, mtu, digest, prior) -> str:
     inst.write(state)     # from here on `down` can find and undo everything
 
     loaded = None
-    if prior.get("objects_digest") != digest or not programs_alive(prior):
+    # Only the programs attached somewhere outlive `up` (the kernel frees an
+    # unattached one when the loader lets go), so a plane moving to the
+    # other hook needs that program loaded again.
+    hooks = {rt.plane.device: rx_hook_of(rt.plane, nl) for rt in planes}
+    needed = {TX_PROG} | {RX_TC_PROG if h == "tc" else RX_PROG for h in hooks.values()}
+    if prior.get("objects_digest") != digest or not programs_alive(prior) or \
+            not needed <= set(prior.get("prog_ids", {})):
         loaded = _step("loading BPF programs", load_objects, running_maps(prior))
         state.update(prog_ids=loaded.prog_ids, map_ids=loaded.map_ids, objects_digest=digest)
         inst.write(state)
@@ -172,25 +192,25 @@ def _apply(cfg, inst, nl, planes, mtu, digest, prior) -> str:
 
     with Datapath(inst) as dp:
         _step("filling the maps", fill_maps, dp, cfg, planes, overlay_ifindex, macs)
-        rx = _step("opening the receive program", dp.program, RX_PROG)
-        tx = _step("opening the transmit program", dp.program, TX_PROG)
+        progs = {name: _step(f"opening {name}", dp.program, name) for name in sorted(needed)}
         try:
-            ours = {state["prog_ids"][RX_PROG], prior.get("prog_ids", {}).get(RX_PROG)}
+            state["rx_hooks"] = {}
             for rt in planes:
-                dev = rt.plane.device
-                cur = nl.xdp_prog_id(dev)
-                if cur == state["prog_ids"][RX_PROG]:
-                    continue      # adopted: an attachment is never redone
-                if cur and cur not in ours and prog_name(cur) != RX_PROG:
-                    raise StepError(f"attaching XDP to {dev}", f"another XDP program "
-                                    f"({prog_name(cur) or '?'}, id {cur}) is attached; mrc does not replace it")
-                _step(f"attaching XDP to {dev}", nl.attach_xdp, dev, rx.fd)
+                hook = hooks[rt.plane.device]
+                state["rx_hooks"][rt.plane.device] = hook
+                inst.write(state)     # `down` must know which hook to undo
+                if hook == "tc":
+                    _attach_rx_tc(nl, rt.plane.device, progs[RX_TC_PROG].fd, state)
+                else:
+                    _attach_rx_xdp(nl, rt.plane.device, progs[RX_PROG].fd, state, prior)
             if nl.tc_egress_prog_id(cfg.overlay_device) != state["prog_ids"][TX_PROG]:
                 _step(f"attaching tc egress to {cfg.overlay_device}", nl.attach_tc_egress,
-                      cfg.overlay_device, tx.fd, TX_PROG)
+                      cfg.overlay_device, progs[TX_PROG].fd, TX_PROG)
         finally:
-            rx.close()
-            tx.close()
+            for p in progs.values():
+                p.close()
+        # the record names the programs that stay: the attached ones
+        state["prog_ids"] = {k: v for k, v in state["prog_ids"].items() if k in needed}
 
     # Planes dropped from the config: detach our program, restore rp_filter.
     for dev in set(state["planes"]) - {p.device for p in cfg.planes}:
@@ -216,11 +236,43 @@ def _apply(cfg, inst, nl, planes, mtu, digest, prior) -> str:
             f"{len(cfg.peers)} peers, {n_paths} paths{note}")
 
 
-def _detach_plane(nl: topology.Netlink, dev: str, state: dict) -> None:
-    rx_id = state.get("prog_ids", {}).get(RX_PROG)
+def _attach_rx_xdp(nl: topology.Netlink, dev: str, fd: int, state: dict, prior: dict) -> None:
+    _detach_rx_tc(nl, dev, state)        # the plane may have had the other hook
+    ours = {state["prog_ids"][RX_PROG], prior.get("prog_ids", {}).get(RX_PROG)}
     cur = nl.xdp_prog_id(dev)
-    if cur and (cur == rx_id or prog_name(cur) == RX_PROG):
+    if cur == state["prog_ids"][RX_PROG]:
+        return      # adopted: an attachment is never redone
+    if cur and cur not in ours and prog_name(cur) != RX_PROG:
+        raise StepError(f"attaching XDP to {dev}", f"another XDP program "
+                        f"({prog_name(cur) or '?'}, id {cur}) is attached; mrc does not replace it")
+    _step(f"attaching XDP to {dev}", nl.attach_xdp, dev, fd)
+
+
+def _attach_rx_tc(nl: topology.Netlink, dev: str, fd: int, state: dict) -> None:
+    """tc ingress in mrc's filter slot. Another XDP program on the plane
+    (the fabric testbed's XDP_PASS on leaf ports, an operator's) stays: it
+    runs before tc ingress and mrc's frames pass it."""
+    _detach_rx_xdp(nl, dev, state)
+    if nl.tc_ingress_prog_id(dev) != state["prog_ids"][RX_TC_PROG]:
+        _step(f"attaching tc ingress to {dev}", nl.attach_tc_ingress, dev, fd, RX_TC_PROG)
+
+
+def _detach_rx_xdp(nl: topology.Netlink, dev: str, state: dict) -> None:
+    cur = nl.xdp_prog_id(dev)
+    if cur and (cur == state.get("prog_ids", {}).get(RX_PROG) or prog_name(cur) == RX_PROG):
         nl.detach_xdp(dev)
+
+
+def _detach_rx_tc(nl: topology.Netlink, dev: str, state: dict) -> None:
+    cur = nl.tc_ingress_prog_id(dev)
+    if cur and (cur == state.get("prog_ids", {}).get(RX_TC_PROG) or prog_name(cur) == RX_TC_PROG):
+        nl.detach_tc_ingress(dev)
+
+
+def _detach_plane(nl: topology.Netlink, dev: str, state: dict) -> None:
+    _detach_rx_xdp(nl, dev, state)
+    _detach_rx_tc(nl, dev, state)
+    state.get("rx_hooks", {}).pop(dev, None)
     old = state.get("rp_filter", {}).pop(dev, None)
     if old is not None:
         with suppress(OSError):

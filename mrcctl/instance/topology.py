@@ -21,6 +21,7 @@ XDP_FLAGS_UPDATE_IF_NOEXIST = 1
 XDP_FLAGS_DRV_MODE = 4
 TC_H_CLSACT = 0xFFFFFFF1
 TC_EGRESS = 0xFFFFFFF3
+TC_INGRESS = 0xFFFFFFF2
 TC_PRIO = 1
 TC_HANDLE = 1
 IFF_NOARP = 0x80
@@ -224,16 +225,37 @@ class Netlink:
             with suppress(NetlinkError):
                 self.ipr.link("set", index=idx, xdp={"attrs": [("IFLA_XDP_FD", -1), ("IFLA_XDP_FLAGS", flags)]})
 
+    def link_kind(self, device: str) -> str | None:
+        """IFLA_INFO_KIND: "veth", "bridge", "vxlan", ... for a virtual
+        device, None for a NIC (a driver's device has no link kind).
+        Netlink, not sysfs: right inside any network namespace."""
+        link = self.link(device)
+        if link is None:
+            return None
+        info = link.get_attr("IFLA_LINKINFO")
+        return info.get_attr("IFLA_INFO_KIND") if info is not None else None
+
+    def auto_rx_hook(self, device: str) -> str:
+        """rx_hook "auto": tc ingress on a virtual device (XDP on a veth
+        costs its peer TSO: docs/benchmarks/receive-hook.md), XDP on a NIC."""
+        return "tc" if self.link_kind(device) else "xdp"
+
     # ------------------------------------------------------------ tc
     def attach_tc_egress(self, device: str, prog_fd: int, name: str) -> None:
+        self._attach_tc(device, prog_fd, name, TC_EGRESS, "egress")
+
+    def attach_tc_ingress(self, device: str, prog_fd: int, name: str) -> None:
+        self._attach_tc(device, prog_fd, name, TC_INGRESS, "ingress")
+
+    def _attach_tc(self, device: str, prog_fd: int, name: str, parent: int, where: str) -> None:
         idx = self.index(device)
         with suppress(NetlinkError):
             self.ipr.tc("add", "clsact", idx)
         try:
             self.ipr.tc("replace-filter", "bpf", idx, handle=TC_HANDLE, fd=prog_fd, name=name,
-                        parent=TC_EGRESS, prio=TC_PRIO, classid=1, direct_action=True)
+                        parent=parent, prio=TC_PRIO, classid=1, direct_action=True)
         except NetlinkError as e:
-            raise TopologyError(f"attaching the tc egress program to {device} failed: "
+            raise TopologyError(f"attaching the tc {where} program to {device} failed: "
                                 f"{os_strerror(e.code)}") from None
 
     def tc_egress_prog_id(self, device: str) -> int:
@@ -242,14 +264,30 @@ class Netlink:
         Asked through libbpf's bpf_tc_query: pyroute2 does not decode
         TCA_BPF_ID.
         """
-        from ..datapath.libbpf import LibbpfError, tc_query
+        return self._tc_prog_id(device, "egress")
+
+    def tc_ingress_prog_id(self, device: str) -> int:
+        """Id of the program in mrc's ingress filter slot, 0 if none."""
+        return self._tc_prog_id(device, "ingress")
+
+    def _tc_prog_id(self, device: str, where: str) -> int:
+        from ..datapath.libbpf import TC_EGRESS as LB_EGRESS, TC_INGRESS as LB_INGRESS, LibbpfError, tc_query
         idx = self.index(device)
         if idx is None:
             return 0
         try:
-            return tc_query(idx, handle=TC_HANDLE, priority=TC_PRIO)
+            return tc_query(idx, where=LB_INGRESS if where == "ingress" else LB_EGRESS,
+                            handle=TC_HANDLE, priority=TC_PRIO)
         except LibbpfError:
             return 0
+
+    def detach_tc_ingress(self, device: str) -> None:
+        """Only mrc's filter: a plane's clsact may carry other filters (an
+        operator's, the testbed's fault filters), so it stays."""
+        idx = self.index(device)
+        if idx is not None:
+            with suppress(NetlinkError):
+                self.ipr.tc("del-filter", "bpf", idx, handle=TC_HANDLE, parent=TC_INGRESS, prio=TC_PRIO)
 
     def detach_tc(self, device: str) -> None:
         idx = self.index(device)

@@ -456,12 +456,14 @@ class Testbed:
 
     def mrc_config(self, i: int, peers: list[int] | None = None, evs: int = 4,
                    weights: list[int] | None = None, family: int = 4, device: str = "mrc0",
-                   overlay_prefix: int = 24, extra: str = "", peer_extra: str = "") -> str:
+                   overlay_prefix: int = 24, extra: str = "", peer_extra: str = "",
+                   rx_hook: str | None = None) -> str:
         """mrc TOML for host i toward `peers` (default: every other host).
 
         Planes are listed in plane order for every peer, so both ends agree on
         path ids. `extra` is appended at top level (e.g. a [health] table);
-        `peer_extra` goes into every [[peer]] table.
+        `peer_extra` goes into every [[peer]] table. `rx_hook` sets every
+        plane's receive hook (default: the config's, "auto").
         """
         peers = self.peers(i) if peers is None else peers
         weights = weights or [1] * self.n_planes
@@ -470,7 +472,8 @@ class Testbed:
         # a device per peer and plane here; one per plane on a routed fabric
         devices = dict.fromkeys((self.dev(i, j, p), p) for j in peers for p in range(self.n_planes))
         for dev, p in devices:
-            lines += ["[[plane]]", f'device = "{dev}"', f"weight = {weights[p]}", ""]
+            lines += ["[[plane]]", f'device = "{dev}"', f"weight = {weights[p]}"]
+            lines += [f'rx_hook = "{rx_hook}"', ""] if rx_hook else [""]
         for j in peers:
             lines += ["[[peer]]", f'name = "h{j}"', f'overlay = "{self.overlay_addr(j)}"',
                       f"evs_per_plane = {evs}"]

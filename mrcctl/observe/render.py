@@ -216,7 +216,7 @@ def print_status(snap: dict, console: Console | None = None, view: str = "auto")
     console = console or Console()
     ov = snap.get("overlay", {})
     console.print(f"[bold]{ov.get('device', '?')}[/] {ov.get('address', '?')} mtu {ov.get('mtu')} "
-                  f"udp/{ov.get('udp_port')}  planes: {', '.join(p['device'] for p in snap.get('planes', []))}"
+                  f"udp/{ov.get('udp_port')}  planes: {', '.join(_plane(p) for p in snap.get('planes', []))}"
                   f"  auth: {_auth_text(snap.get('auth', {}).get('peers', []))}")
     # what reaches the stack from each plane besides MRC (bpf/acl.h)
     planes = snap.get("planes", [])
@@ -229,3 +229,8 @@ def print_status(snap: dict, console: Console | None = None, view: str = "auto")
                           + ("everything (no list)" if allow is None else "; ".join(allow)))
     for t in status_tables(snap, view):
         console.print(t)
+
+
+def _plane(p: dict) -> str:
+    """A plane and the hook mrc receives on, e.g. "p0h1 (tc)"."""
+    return f"{p['device']} ({p['rx_hook']})" if p.get("rx_hook") else p["device"]

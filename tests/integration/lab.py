@@ -28,7 +28,9 @@ class Lab:
         """fabric: routed leaf-spine planes (Fabric keywords: spines, leaves,
         link_rate, ...) instead of point-to-point veth planes."""
         self.tmp = Path(tmp)
-        self.prefix = prefix or f"mi{os.getpid() % 10000}"
+        # MRC_LAB_PREFIX (e.g. "mt") keeps one person's namespaces apart from
+        # another's on a shared machine
+        self.prefix = os.environ.get("MRC_LAB_PREFIX", "") + (prefix or f"mi{os.getpid() % 10000}")
         if fabric is not None:
             self.tb = Fabric(hosts=hosts, planes=planes, host_rate=rates, ipv6=ipv6, prefix=self.prefix,
                              **fabric)

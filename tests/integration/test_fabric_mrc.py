@@ -24,10 +24,12 @@ recover_probes = 3
 """
 
 
-@pytest.fixture(scope="module")
-def lab(tmp_path_factory):
-    with Lab(tmp_path_factory.mktemp("fabric"), 2, PLANES, prefix="fm9", evs=EVS, extra=HEALTH,
-             fabric=dict(spines=2, leaves=2, link_rate="1gbit")) as lab:
+@pytest.fixture(scope="module", params=["xdp", "tc"])
+def lab(request, tmp_path_factory):
+    """Each receive hook: with tc, probes go back by bpf_redirect out of the
+    host port, whose leaf peer carries an XDP_PASS program (lab/fabric.py)."""
+    with Lab(tmp_path_factory.mktemp("fabric"), 2, PLANES, prefix=f"fm9{request.param[0]}", evs=EVS,
+             extra=HEALTH, fabric=dict(spines=2, leaves=2, link_rate="1gbit"), rx_hook=request.param) as lab:
         lab.up()
         yield lab
 

@@ -42,8 +42,19 @@ def xdp_id(lab: Lab, i: int, dev: str) -> int:
     return (xdp.get("prog") or {}).get("id", 0)
 
 
-def tc_id(lab: Lab, i: int, dev: str = "mrc0") -> int:
-    cp = lab.tb.exec(i, ["tc", "-j", "filter", "show", "dev", dev, "egress"], check=False)
+def rx_id(lab: Lab, i: int, dev: str) -> int:
+    """The receive program on a plane, whichever hook (XDP or tc ingress) it took."""
+    return xdp_id(lab, i, dev) or tc_id(lab, i, dev, "ingress")
+
+
+def rx_expected(st: dict, dev: str) -> int:
+    """The id the instance record says the plane's receive program has."""
+    tc = st.get("rx_hooks", {}).get(dev) == "tc"
+    return st["prog_ids"]["mrc_rx_tc" if tc else "mrc_rx"]
+
+
+def tc_id(lab: Lab, i: int, dev: str = "mrc0", where: str = "egress") -> int:
+    cp = lab.tb.exec(i, ["tc", "-j", "filter", "show", "dev", dev, where], check=False)
     for f in json.loads(cp.stdout or "[]"):
         prog = (f.get("options") or {}).get("prog") or {}
         if prog.get("id"):
@@ -74,8 +85,11 @@ def config(lab: Lab, i: int, planes: list[int], evs: int = 2, weights: dict | No
     j = lab.tb.peers(i)[0]
     weights = weights or {}
     lines = ["[overlay]", 'device = "mrc0"', f'address = "{lab.overlay(i)}/24"', ""]
+    # XDP: these tests are about attaching XDP transactionally (a plane that
+    # refuses it, a foreign XDP program); tc ingress: tests/integration/test_rx_hook.py
     for p in planes:
-        lines += ["[[plane]]", f'device = "{lab.tb.dev(i, j, p)}"', f"weight = {weights.get(p, 1)}", ""]
+        lines += ["[[plane]]", f'device = "{lab.tb.dev(i, j, p)}"', f"weight = {weights.get(p, 1)}",
+                  'rx_hook = "xdp"', ""]
     for dev, local, _ in extra_planes:
         lines += ["[[plane]]", f'device = "{dev}"'] + ([f'address = "{local}"'] if local else []) + [""]
     lines += ["[[peer]]", f'name = "h{j}"', f'overlay = "{lab.overlay(j)}"', f"evs_per_plane = {evs}",
@@ -165,9 +179,9 @@ def test_agent_kill_loses_nothing_and_up_adopts(crash_lab):
     before = [state(lab, i) for i in (0, 1)]
     assert all(s.get("agent_pid") for s in before)
     planes = lab.tb.planes(0, 1)
-    xdp_before = [xdp_id(lab, 0, d) for d in planes]
+    xdp_before = [rx_id(lab, 0, d) for d in planes]
     tc_before = tc_id(lab, 0)
-    assert xdp_before == [before[0]["prog_ids"]["mrc_rx"]] * 4
+    assert xdp_before == [rx_expected(before[0], d) for d in planes]
     assert tc_before == before[0]["prog_ids"]["mrc_tx"]
 
     # a baseline transfer for the retransmission noise of this set-up
@@ -218,7 +232,7 @@ def test_agent_kill_loses_nothing_and_up_adopts(crash_lab):
     after = state(lab, 0)
     assert after["prog_ids"] == before[0]["prog_ids"]
     assert after["map_ids"] == before[0]["map_ids"]
-    assert [xdp_id(lab, 0, d) for d in planes] == xdp_before
+    assert [rx_id(lab, 0, d) for d in planes] == xdp_before
     assert tc_id(lab, 0) == tc_before
     assert after["agent_pid"] != before[0]["agent_pid"]
     assert os.path.exists(f"/proc/{after['agent_pid']}")
@@ -236,7 +250,7 @@ def test_down_after_agent_crash_removes_everything(crash_lab):
     lab.mrcctl(0, "down")
     assert instance_dirs(lab, 0) == []
     assert lab.tb.exec(0, ["ip", "link", "show", "mrc0"], check=False).returncode != 0
-    assert all(xdp_id(lab, 0, d) == 0 for d in lab.tb.planes(0, 1))
+    assert all(rx_id(lab, 0, d) == 0 for d in lab.tb.planes(0, 1))
     assert all(lab.tb.exec(0, ["sysctl", "-n", f"net.ipv4.conf.{d}.rp_filter"]).stdout.strip() == "0"
                for d in lab.tb.planes(0, 1))
     # no agent left behind in the namespace

@@ -4,6 +4,7 @@ bpf_objects: builds bpf/*.bpf.o once per session (make -C bpf).
 bpffs:       a private bpffs mounted under /run/mrc-test for the session.
 dp:          tx.bpf.o and rx.bpf.o loaded with one fresh pin root per test
              (so they share fresh maps), configured with one peer.
+rx_hook:     xdp / tc: with it, dp.run_rx() runs mrc_rx or mrc_rx_tc.
 veth:        a throwaway veth pair (a second real ifindex for XDP test_run).
 
 The BPF tests need root (BPF_PROG_LOAD, mount); they skip otherwise.
@@ -22,7 +23,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from unit_dp import BPF_DIR, Datapath, TX_OBJ, RX_OBJ, need_root  # noqa: E402
+from unit_dp import BPF_DIR, RX_HOOKS, Datapath, TX_OBJ, RX_OBJ, need_root  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -57,11 +58,21 @@ def bpffs():
             pass
 
 
+@pytest.fixture(params=RX_HOOKS)
+def rx_hook(request):
+    """Runs a test once per receive program (XDP mrc_rx, tc mrc_rx_tc): a
+    module of receive tests says `pytestmark = pytest.mark.usefixtures("rx_hook")`
+    and its dp.run_rx() goes to that hook."""
+    return request.param
+
+
 @pytest.fixture
-def dp(bpf_objects, bpffs):
+def dp(bpf_objects, bpffs, request):
     root = bpffs / f"t{uuid.uuid4().hex[:12]}"
     root.mkdir()
     d = Datapath(root)
+    if "rx_hook" in request.fixturenames:
+        d.rx_hook = request.getfixturevalue("rx_hook")
     d.configure()
     try:
         yield d

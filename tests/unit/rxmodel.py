@@ -359,11 +359,7 @@ class TxModel:
 
     @staticmethod
     def test_run_refuses(f: bytes) -> bool:
-        """BPF_PROG_TEST_RUN for skb programs rejects (EINVAL) an IPv4 or
-        IPv6 frame shorter than its fixed IP header, before the program
-        runs; the stack never hands such a frame to tc either."""
-        et = _u16(f, 12) if len(f) >= ETH_HLEN else 0
-        return (et == ETH_P_IP and len(f) < ETH_HLEN + 20) or (et == ETH_P_IPV6 and len(f) < ETH_HLEN + 40)
+        return test_run_refuses(f)
 
     def verdict(self, f: bytes) -> Verdict:
         n = len(f)
@@ -382,3 +378,13 @@ class TxModel:
 
 def overhead(family: int) -> int:
     return wire.MRC_OVERHEAD_V4 if family == 4 else wire.MRC_OVERHEAD_V6
+
+
+def test_run_refuses(f: bytes) -> bool:
+    """BPF_PROG_TEST_RUN for skb programs (mrc_tx, mrc_rx_tc) rejects
+    (EINVAL) an IPv4 or IPv6 frame shorter than its fixed IP header, before
+    the program runs. mrc_tx never gets one from the stack; at tc ingress
+    such a runt fails mrc_rx_tc's first parse and passes untouched, which
+    mrc_rx's runs of the same frames check for the shared code."""
+    et = _u16(f, 12) if len(f) >= ETH_HLEN else 0
+    return (et == ETH_P_IP and len(f) < ETH_HLEN + 20) or (et == ETH_P_IPV6 and len(f) < ETH_HLEN + 40)

@@ -17,9 +17,10 @@ def test_per_packet_cost_smoke(bpf_objects):
     res = bench.per_packet_cost(2000, seen.append)
     assert res["packets"] == 2000
     progs = ("bare tc redirect", "floor tc clock + encap", "mrc_tx", "bare xdp pass", "floor xdp decap",
-             "mrc_rx", "mrc_rx 16K units")
+             "mrc_rx", "mrc_rx 16K units", "bare tc ok", "floor tc decap", "mrc_rx_tc")
     for k in progs:
         assert res[k] > 0, k
     assert res["tx_ratio"] > 1 and res["rx_ratio"] > 1 and res["rx_units_ratio"] > 1
+    assert res["rx_tc_ratio"] > 1
     assert res["drops_during_bench"] == {}, "every packet must take the forwarding path"
-    assert [s["per_packet_ns"] for s in seen] == [*progs[:-1], "bare xdp pass", progs[-1]]
+    assert [s["per_packet_ns"] for s in seen] == [*progs[:6], "bare xdp pass", *progs[6:]]

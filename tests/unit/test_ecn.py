@@ -15,6 +15,9 @@ import unit_pkt as pkt
 from unit_dp import PATHS, PEER, TC_ACT_REDIRECT, XDP_DROP, XDP_PASS, drops_delta
 from mrcctl.datapath import abi as wire
 
+# every test here runs against mrc_rx (XDP) and mrc_rx_tc (tc ingress)
+pytestmark = pytest.mark.usefixtures("rx_hook")
+
 NOT_ECT, ECT1, ECT0, CE = 0, 1, 2, 3
 DSCP = 0xB8   # DSCP 46 in the TOS byte: must survive every rewrite
 

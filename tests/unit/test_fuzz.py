@@ -29,6 +29,7 @@ def fz(dp):
     return fuzzgen.Runner(dp, rx, tx)
 
 
+@pytest.mark.usefixtures("rx_hook")
 def test_rx_fuzz_matches_model(fz):
     res = fz.run("rx", fuzzgen.rx_frames(random.Random(20260611), RX_FRAMES))
     assert res.frames == RX_FRAMES
@@ -40,6 +41,8 @@ def test_rx_fuzz_matches_model(fz):
               R.RX_FRAGMENT, R.RX_IP_OPTIONS, R.RX_BAD_INNER, R.RX_PROBE_REPLIED, R.RX_PROBE_REPLY,
               R.RX_PASS_VLAN, R.RX_PASS_FRAGMENT, R.RX_INNER_SRC, R.RX_INNER_DST, R.RX_WRONG_PLANE,
               R.RX_BAD_NONCE, R.RX_ECN_NOT_ECT, R.RX_PMTU, R.RX_PMTU_BAD):
+        if r == R.RX_PASS_VLAN and fz.dp.rx_hook == "tc":
+            continue        # tags never reach tc ingress in the frame (fuzzgen._rx_one)
         assert r.label in reached, f"no frame reached {r.label}: {dict(res.verdicts)}"
     assert {"untouched", "decapsulated"} <= reached
     assert res.verdicts["rx PASS decapsulated"] > RX_FRAMES // 50
@@ -52,6 +55,7 @@ def test_tx_fuzz_matches_model(fz):
         assert res.verdicts[label] > TX_FRAMES // 50, dict(res.verdicts)
 
 
+@pytest.mark.usefixtures("rx_hook")
 def test_model_catches_a_wrong_verdict(fz):
     """The runner is not vacuous: a model that disagrees with the program on
     one rule (here: pretending IPv4 options are accepted) is caught."""

@@ -9,6 +9,9 @@ import unit_pkt as pkt
 from unit_dp import (LOCAL_OVERLAY, PATHS, PEER, PEER_OVERLAY, XDP_PASS)
 from mrcctl.datapath import abi as wire
 
+# every test here runs against mrc_rx (XDP) and mrc_rx_tc (tc ingress)
+pytestmark = pytest.mark.usefixtures("rx_hook")
+
 
 def frame(psn: int, path: int = 0, *, segs: int = 1, seg_size: int = 0, seq0: int = 0,
           seq: int = 0) -> bytes:

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import errno
 import struct
 import time
 
 import pytest
 
+import rxmodel
 import unit_pkt as pkt
 from unit_dp import (LO_IFINDEX, LOCAL_OVERLAY, OUR_MAC, PATHS, PEER, PEER_MAC, PEER_OVERLAY,
                      TC_ACT_REDIRECT, UDP_PORT, XDP_DROP,
                      XDP_PASS, XDP_TX, drops_delta, now_us)
 from mrcctl.datapath import abi as wire
+
+# every test here runs against mrc_rx (XDP) and mrc_rx_tc (tc ingress)
+pytestmark = pytest.mark.usefixtures("rx_hook")
 
 inner_ip, mrc_frame = pkt.inner_ip, pkt.mrc_frame
 
@@ -116,7 +121,13 @@ def test_non_mrc_frames_pass_untouched(dp):
 @pytest.mark.parametrize("cut", [14, 14 + 10, 14 + 20, 14 + 20 + 3])
 def test_cut_before_udp_ports_passes(dp, cut):
     """Too short to tell whose it is: the stack drops it as malformed."""
-    expect_pass_untouched(dp, mrc_frame()[:cut])
+    frame = mrc_frame()[:cut]
+    if dp.rx_hook == "tc" and rxmodel.test_run_refuses(frame):
+        with pytest.raises(OSError) as e:     # not runnable as an skb: see rxmodel
+            dp.run_rx(frame)
+        assert e.value.errno == errno.EINVAL
+        return
+    expect_pass_untouched(dp, frame)
 
 
 # --- malformed MRC: dropped, counted under exactly one reason ---------------
@@ -326,3 +337,48 @@ def test_segment_psn_from_inner_tcp_seq(dp):
     # bpf/reorder.h), 8000 -> 103
     assert maxes == [100, 102, 102, 102, 103]
     assert dp.stats(0).rx_ooo == 1 and dp.stats(0).rx_dup == 1
+
+
+def test_gso_unit_accounts_every_wire_psn(dp):
+    """A 4-segment unit: XDP sees the sender's software segments one by one,
+    tc ingress (whose veth peer keeps TSO) the whole unit as one GSO skb.
+    Both hooks must count the same wire packets, bytes, PSNs, duplicates."""
+    seq0, seg, n, psn = 10_000, 500, 4, 200
+    hdr = dict(psn=psn, segs=n, seg_size=seg, seq0=seq0)
+
+    def unit(first: int, count: int, **kw) -> list[tuple[bytes, int]]:
+        """(frame, gso_segs) as this hook receives segments first.. of the unit."""
+        if dp.rx_hook == "tc":
+            inner = inner_ip(count * seg, pkt.IPPROTO_TCP, seq=seq0 + first * seg)
+            return [(mrc_frame(inner=inner, **hdr, **kw), count if count > 1 else 0)]
+        return [(mrc_frame(inner=inner_ip(seg, pkt.IPPROTO_TCP, seq=seq0 + i * seg), **hdr, **kw), 0)
+                for i in range(first, first + count)]
+
+    wire_len = len(mrc_frame(inner=inner_ip(seg, pkt.IPPROTO_TCP), **hdr))
+    for frame, segs in unit(0, n):
+        ret, out = dp.run_rx(frame, gso_segs=segs)
+        assert ret == XDP_PASS
+        assert out[14:] == frame[14 + 20 + 8 + wire.MRC_HDR_LEN:]     # the inner packet, whole
+    st = dp.stats(0)
+    assert (st.rx_packets, st.rx_bytes, st.rx_ooo, st.rx_dup) == (n, n * wire_len, 0, 0)
+    assert dp.seq().rx_psn_max == psn + n - 1
+
+    # the last two segments again: two duplicates, still delivered (TCP drops them)
+    for frame, segs in unit(2, 2):
+        assert dp.run_rx(frame, gso_segs=segs)[0] == XDP_PASS
+    assert dp.stats(0).rx_dup == 2 and dp.stats(0).rx_packets == n + 2
+
+    # a hedged unit's second copy: every segment seen before -> dropped
+    before = dp.drops()
+    hedged = dict(psn=psn + n, flags=wire.MRC_F_HEDGE)
+    hdr.update(hedged)
+    for frame, segs in unit(0, n):
+        assert dp.run_rx(frame, gso_segs=segs)[0] == XDP_PASS
+    for frame, segs in unit(0, n):
+        assert dp.run_rx(frame, gso_segs=segs)[0] == XDP_DROP
+    per_frame = 1 if dp.rx_hook == "tc" else n
+    assert drops_delta(before, dp.drops()) == {wire.Reason.RX_DUPLICATE: per_frame}
+
+    hs = wire.HealthStats.sum(dp.maps["mrc_hstats"].lookup_percpu(wire.u32(0)))
+    gso = (hs.rx_gso_units, hs.rx_gso_segs)
+    assert gso == ((4, 14) if dp.rx_hook == "tc" else (0, 0))

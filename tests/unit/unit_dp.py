@@ -31,6 +31,15 @@ XDP_ABORTED, XDP_DROP, XDP_PASS, XDP_TX = 0, 1, 2, 3
 
 LO_IFINDEX = 1  # test_run's default XDP ingress device: the netns loopback
 
+# The two receive programs run the same steps (bpf/rx.bpf.c); a test module
+# that uses the rx_hook fixture runs each test against both. tc's return
+# codes read as the XDP verdicts they stand for, so one expectation covers
+# both: a probe turned around is TC_ACT_REDIRECT (bpf_redirect to the
+# device it came in on; test_run does not perform it).
+RX_HOOKS = ("xdp", "tc")
+TC_AS_XDP = {TC_ACT_OK: XDP_PASS, TC_ACT_SHOT: XDP_DROP, TC_ACT_REDIRECT: XDP_TX}
+SKB_CTX_SIZE, SKB_IFINDEX, SKB_GSO_SEGS = 192, 40, 164   # struct __sk_buff
+
 # --- the one-peer test configuration -------------------------------------
 PEER = 2                        # not 0, to catch indexing mistakes
 LOCAL_OVERLAY = "10.99.0.1"
@@ -77,6 +86,8 @@ class Datapath:
         self.pin_root = pin_root
         self.loaded = load_objects()
         self.tx, self.rx, self.maps = self.loaded.tx, self.loaded.rx, self.loaded.maps
+        self.rx_tc = self.loaded.rx_tc
+        self.rx_hook = "xdp"
 
     def close(self):
         self.loaded.close()
@@ -164,7 +175,13 @@ class Datapath:
         ret, out, _ = self.tx.test_run(frame, ctx_in=ctx_in)
         return ret, out
 
-    def run_rx(self, frame: bytes, ingress: int | None = None):
+    def run_rx(self, frame: bytes, ingress: int | None = None, gso_segs: int = 0):
+        """The receive program of self.rx_hook on one frame: (XDP verdict,
+        output bytes). gso_segs (tc only) marks the skb as holding several
+        wire segments, as a GSO unit arriving at tc ingress does."""
+        if self.rx_hook == "tc":
+            return self.run_rx_tc(frame, ingress, gso_segs)
+        assert not gso_segs, "XDP frames are one wire segment each"
         ctx = None
         if ingress is not None:
             # struct xdp_md: data, data_end, data_meta, ingress_ifindex,
@@ -173,4 +190,10 @@ class Datapath:
         ret, out, _ = self.rx.test_run(frame, ctx_in=ctx)
         return ret, out
 
-
+    def run_rx_tc(self, frame: bytes, ingress: int | None = None, gso_segs: int = 0):
+        ctx = bytearray(SKB_CTX_SIZE)
+        struct.pack_into("=I", ctx, SKB_IFINDEX, ingress or 0)
+        struct.pack_into("=I", ctx, SKB_GSO_SEGS, gso_segs)
+        ret, out, _ = self.rx_tc.test_run(frame, ctx_in=bytes(ctx))
+        assert ret in TC_AS_XDP, f"mrc_rx_tc returned {ret}"
+        return TC_AS_XDP[ret], out
