@@ -148,8 +148,9 @@ def test_down_leaves_nothing(tmp_path):
         lab.up()
         ours = _prog_ids() - baseline
         # mrc_tx and the planes' receive program on each host (the other
-        # hook's program is freed once `up` lets go of it)
-        assert len(ours) == 4
+        # hook's program is freed once `up` lets go of it), and an agent's
+        # mrc_ctl once it has asked for a retirement
+        assert 4 <= len(ours) <= 6
         for i in (0, 1):
             r = lab.mrcctl(i, "down")
             assert "down" in r.stdout
