@@ -31,9 +31,11 @@ class ConfigError(ValueError):
 # is decided at `up` from the device (topology.auto_rx_hook): tc ingress on
 # virtual devices (native XDP on a veth turns TSO off on its peer, and every
 # unit is then segmented in software), XDP on NICs. Measured on veth planes:
-# docs/benchmarks/receive-hook.md.
+# docs/benchmarks/receive-hook.md. The default stays XDP until tc
+# delivers inner UDP GSO units (it hands them on whole, and a receiving UDP
+# socket got none of them: tests/integration/test_rxsafe_live.py).
 RX_HOOKS = ("auto", "xdp", "tc")
-RX_HOOK_DEFAULT = "auto"
+RX_HOOK_DEFAULT = "xdp"
 
 
 @dataclass(frozen=True)
