@@ -10,6 +10,7 @@
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
 #include "mrc.h"
+#include "sizing.h"
 #include "stats.h"
 
 /* PSNs per word: the low 32 bits of a word are one bit per PSN of a block,
@@ -39,20 +40,39 @@ static __always_inline bool dedup_tag_newer(__u32 a, __u32 b)
  * changed the word meanwhile) delivers the packet. */
 #define DEDUP_RETRIES		4
 
-/* Per peer, see struct mrc_dedup. Writer: mrc_rx (dedup.h) only. */
+/* Per peer, see struct mrc_dedup. Writer: mrc_rx (dedup.h) only. Only
+ * peers that send hedged units need one (4 KiB each: 16 MiB for 4,096
+ * preallocated peers), so an entry is made by the first hedged packet and
+ * removed when the peer restarts: a hash without preallocation. */
 struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, MRC_MAX_PEERS);
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MRC_N_PEER_ENTRIES);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, __u32);
 	__type(value, struct mrc_dedup);
 } mrc_dedup SEC(".maps");
+
+/* What a new entry starts as (global data: too big for the stack). */
+static struct mrc_dedup dedup_empty;
+
+/* The peer's filter, made on first use; NULL if it cannot be (the map
+ * full or out of memory: the packet is then delivered, see dedup_seen). */
+static __always_inline struct mrc_dedup *dedup_of(__u32 peer_idx)
+{
+	struct mrc_dedup *d = bpf_map_lookup_elem(&mrc_dedup, &peer_idx);
+
+	if (d || peer_idx >= MRC_PEERS)
+		return d;
+	bpf_map_update_elem(&mrc_dedup, &peer_idx, &dedup_empty, BPF_NOEXIST);
+	return bpf_map_lookup_elem(&mrc_dedup, &peer_idx);
+}
 
 /* Has wire PSN `psn` of a hedged unit from this peer been seen? Marks it
  * seen. PSNs older than the window are let through (TCP copes with a rare
  * duplicate; dropping a first copy would cost a retransmission). */
 static __always_inline bool dedup_seen(__u32 peer_idx, __u32 psn)
 {
-	struct mrc_dedup *d = bpf_map_lookup_elem(&mrc_dedup, &peer_idx);
+	struct mrc_dedup *d = dedup_of(peer_idx);
 	__u32 tag = psn >> DEDUP_BLOCK_SHIFT, i;
 	__u64 bit = 1ULL << (psn & DEDUP_BLOCK_MASK), *w, old, new;
 
@@ -78,22 +98,11 @@ static __always_inline bool dedup_seen(__u32 peer_idx, __u32 psn)
 	return false;
 }
 
-static long dedup_clear_cb(__u32 i, void *arg)
-{
-	struct mrc_dedup *d = bpf_map_lookup_elem(&mrc_dedup, arg);
-
-	if (!d || i >= MRC_DEDUP_WORDS)
-		return 1;
-	d->w[i] = 0;
-	return 0;
-}
-
 /* The peer restarted (bpf/epoch.h): its new PSNs are no duplicates of the
- * old ones. bpf_loop (its context must be on the stack, hence the lookup
- * per word): the verifier checks the body once. */
+ * old ones; its next hedged unit starts an empty filter. */
 static __always_inline void dedup_restart(__u32 peer_idx)
 {
-	bpf_loop(MRC_DEDUP_WORDS, dedup_clear_cb, &peer_idx, 0);
+	bpf_map_delete_elem(&mrc_dedup, &peer_idx);
 }
 
 #endif /* MRC_DEDUP_H */

@@ -2,8 +2,13 @@
 /*
  * Testbed only (mrcctl fabric): a congested link that marks instead of
  * dropping, as an ECN-capable switch queue would. This kernel has no
- * RED/CoDel qdisc, so the link's tc egress marks CE on every ECN-capable
- * (ECT) IPv4 or IPv6 packet it sends; not-ECT packets pass unmarked.
+ * RED/CoDel qdisc, so the link's tc egress marks CE on ECN-capable (ECT)
+ * IPv4 or IPv6 packets; not-ECT packets pass unmarked. Which ones: every
+ * one while ecn_cfg.rate_Bps is 0 (a link that is always congested), else
+ * those that find more than ecn_cfg.queue_bytes in a phantom queue that
+ * drains at rate_Bps: a link of that rate under more load than it carries
+ * marks, one under less does not (HULL's phantom queues, Alizadeh et al.,
+ * NSDI 2012), and the marks track the load as it comes and goes.
  */
 #include <linux/bpf.h>
 #include <linux/if_ether.h>
@@ -18,6 +23,63 @@
 #define IPV4_TOS_OFF	(ETH_HLEN + 1)
 #define IPV4_CSUM_OFF	(ETH_HLEN + 10)
 
+struct ecn_cfg {
+	__u64	rate_Bps;	/* phantom queue's drain rate, bytes/s; 0: mark all */
+	__u64	queue_bytes;	/* mark above this backlog */
+};
+
+struct ecn_state {
+	__u64	backlog;	/* bytes in the phantom queue at last_ns */
+	__u64	last_ns;
+	__u64	marked;		/* packets marked */
+	__u64	seen;		/* packets seen (every one fills the queue) */
+};
+
+/* Written by the testbed (mrcctl/lab/fabric.py) once, at attach. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct ecn_cfg);
+} ecn_cfg SEC(".maps");
+
+/* Shared by the CPUs sending on the link: plain updates, a race costs an
+ * approximate backlog, which a testbed's congestion signal tolerates. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct ecn_state);
+} ecn_state SEC(".maps");
+
+static __always_inline int congested(__u32 len)
+{
+	__u32 zero = 0;
+	struct ecn_cfg *cfg = bpf_map_lookup_elem(&ecn_cfg, &zero);
+	struct ecn_state *st = bpf_map_lookup_elem(&ecn_state, &zero);
+	__u64 now, drained;
+
+	if (!cfg || !st)
+		return 1;
+	st->seen += 1;
+	if (!cfg->rate_Bps)
+		return 1;
+	now = bpf_ktime_get_ns();
+	drained = st->last_ns ? (now - st->last_ns) * cfg->rate_Bps / 1000000000ULL : 0;
+	st->last_ns = now;
+	st->backlog = (st->backlog > drained ? st->backlog - drained : 0) + len;
+	return st->backlog > cfg->queue_bytes;
+}
+
+static __always_inline void count_mark(void)
+{
+	__u32 zero = 0;
+	struct ecn_state *st = bpf_map_lookup_elem(&ecn_state, &zero);
+
+	if (st)
+		st->marked += 1;
+}
+
 SEC("tc")
 int ecn_mark(struct __sk_buff *skb)
 {
@@ -27,12 +89,16 @@ int ecn_mark(struct __sk_buff *skb)
 
 	if ((void *)(eth + 1) > data_end)
 		return TC_ACT_OK;
+	/* every packet fills the queue; only ECN-capable ones can be marked */
+	if (!congested(skb->len))
+		return TC_ACT_OK;
 	if (eth->h_proto == bpf_htons(ETH_P_IP)) {
 		struct iphdr *iph = (void *)(eth + 1);
 		__u16 old, new;
 
 		if ((void *)(iph + 1) > data_end || !(iph->tos & ECN_MASK))
 			return TC_ACT_OK;
+		count_mark();
 		old = *(__u16 *)iph;
 		iph->tos |= ECN_CE;
 		new = *(__u16 *)iph;
@@ -43,6 +109,7 @@ int ecn_mark(struct __sk_buff *skb)
 		/* ECN: the low 2 bits of the traffic class, bits 4-5 of flow_lbl[0] */
 		if ((void *)(ip6h + 1) > data_end || !(ip6h->flow_lbl[0] & (ECN_MASK << 4)))
 			return TC_ACT_OK;
+		count_mark();
 		ip6h->flow_lbl[0] |= ECN_CE << 4;
 	}
 	return TC_ACT_OK;

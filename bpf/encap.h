@@ -38,11 +38,12 @@ struct mrc_unit {
 	__u8	flags;
 	__u8	tos;		/* inner DSCP and ECN, copied to the outer header */
 	/* auth (bpf/auth.h): a copy of the key toward the peer (key.on 0: no
-	 * MAC) and the inner block it covers, taken before the headers move.
+	 * MAC) and the inner flow whose block it covers, taken before the
+	 * headers move.
 	 * A copy, not the map pointer: NULL-or-pointer kept through the slot
 	 * walk split the verifier's states past its 1M-instruction limit. */
 	struct mrc_auth_key key;
-	struct mrc_auth_inner ain;
+	struct l3_flow fl;
 };
 
 /* An MRC frame as mrc_rx sees it: outer headers, then the inner packet. */
@@ -52,11 +53,14 @@ struct mrc_frame {
 	struct l3_desc	l3;	/* outer */
 	struct udphdr	*udp;
 	struct mrc_hdr	*mh;
-	struct l3_desc	inner;
+	__u32		inner_family;	/* DATA: the inner packet's, 4 or 6 (its ethertype at decap) */
 	const struct mrc_auth_key *auth;	/* the peer's key, if auth is on */
 	__u32		mac_len;	/* 0 or MRC_AUTH_LEN, behind the MRC header */
 	__u32		len;	/* whole frame: with XDP multi-buffer (jumbo
 				 * planes) more than data_end - data */
+	__u32		fb_peer;	/* fb_due: the DATA frame's peer and path */
+	__u16		fb_path;
+	bool		fb_due;	/* tc: send a feedback frame (feedback.h) */
 };
 
 static __always_inline __u32 encap_overhead(__u8 family)
@@ -181,7 +185,7 @@ static __always_inline int encap_write(struct __sk_buff *skb,
 		write_udp(udp, path->ev, port, len - ETH_HLEN - sizeof(*oip));
 		write_mrc(mh, MRC_T_DATA, u);
 		if (u->key.on)
-			return auth_sign(mh, data_end, &u->key, &u->ain);
+			return auth_sign(mh, data_end, &u->key, &u->fl);
 	} else {
 		struct ipv6hdr *oip6 = (void *)(eth + 1);
 		struct udphdr *udp = (void *)(oip6 + 1);
@@ -194,7 +198,7 @@ static __always_inline int encap_write(struct __sk_buff *skb,
 		write_udp(udp, path->ev, port, len - ETH_HLEN - sizeof(*oip6));
 		write_mrc(mh, MRC_T_DATA, u);
 		if (u->key.on)
-			return auth_sign(mh, data_end, &u->key, &u->ain);
+			return auth_sign(mh, data_end, &u->key, &u->fl);
 	}
 	return 0;
 }

@@ -26,13 +26,14 @@
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
 #include "mrc.h"
+#include "sizing.h"
 #include "dedup.h"
 #include "reorder.h"
 
 /* Per peer, see struct mrc_rx_epoch. Writer: mrc_rx (epoch.h). */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, MRC_MAX_PEERS);
+	__uint(max_entries, MRC_N_PEER_ENTRIES);
 	__type(key, __u32);
 	__type(value, struct mrc_rx_epoch);
 } mrc_rx_epoch SEC(".maps");

@@ -58,7 +58,7 @@ static long judge_count_cb(__u32 i, void *arg)
 {
 	struct judge_count_ctx *c = arg;
 
-	if (i == c->skip || i >= MRC_MAX_PATHS)
+	if (i == c->skip || i >= MRC_STRIDE)
 		return 0;
 	if (path_usable_at(c->peer, i) && ++c->n >= c->want)
 		return 1;
@@ -72,8 +72,8 @@ static __always_inline bool judge_enough_usable(__u32 peer_idx, __u32 n_paths,
 
 	if (want == 0)
 		return true;
-	if (n_paths > MRC_MAX_PATHS)
-		n_paths = MRC_MAX_PATHS;
+	if (n_paths > MRC_STRIDE)
+		n_paths = MRC_STRIDE;
 	bpf_loop(n_paths, judge_count_cb, &c, 0);
 	return c.n >= want;
 }
@@ -102,20 +102,53 @@ static __always_inline bool judge_retire(__u32 peer_idx, __u32 pid,
 	return true;
 }
 
+/* The most the measured evidence delay may stretch dead_after: beyond
+ * that a path that still confirms nothing is retired however slow its
+ * evidence usually is (with 8, 50 ms blackholes of a flapping plane went
+ * unnoticed at dead_after 10 ms). */
+#define HEALTH_THR_MAX_MULT	4
+
+/*
+ * How late this path's evidence may be before it is overdue: dead_after,
+ * or 2 x the recent peak of its coverage delay (evidence.h: from sending
+ * the oldest outstanding unit to the evidence covering it) if that is
+ * longer: a busy host, a slow reverse stream or many paths sharing its
+ * echoes (with 1.5 x, fresh CI runs on this 2-core VM saw two paths of one
+ * plane retired at 23.7 ms under the busy-host test). At most
+ * HEALTH_THR_MAX_MULT x dead_after. Nanoseconds.
+ */
+static __always_inline __s64 health_threshold(const struct mrc_config *cfg,
+					      const struct mrc_path_live *live)
+{
+	__s64 base = (__s64)cfg->dead_after_us * 1000;
+	__s64 t = (__s64)live->ev_cov_max_us * 2 * 1000;
+
+	if (t < base)
+		return base;
+	if (t > base * HEALTH_THR_MAX_MULT)
+		return base * HEALTH_THR_MAX_MULT;
+	return t;
+}
+
 /*
  * Judge an allowed path for the next unit. GOOD paths are usable (H_OK or
  * H_SUSPECT); a GOOD path whose evidence is overdue is retired here, unless
  * that would leave fewer than min_active usable paths.
  *
- * "Overdue": the path's oldest outstanding unit was sent at unacked_ns, and
- *  - a packet sent more than dead_after later has already been confirmed
- *    on some other path (mrc_peer_seq.ack_max_ns): a peer gone silent
- *    altogether retires nothing, there would be nothing better to move to;
- *  - and it is more than dead_after later than this path's own smoothed
- *    RTT and evidence gap allow: queues differ between planes (measured
- *    here: up to ~8 ms between tbf-shaped planes under one TCP flow), and
- *    feedback reaches each path only every few reverse packets.
- * A path that is merely idle has nothing outstanding.
+ * "Overdue" is relative to the path's siblings, in time (RACK, RFC 8985):
+ * the path's oldest outstanding unit was sent at unacked_ns, and
+ *  - a unit sent more than the threshold LATER on another path to this
+ *    peer is already confirmed (mrc_peer_seq.ack_max_ns, the newest send
+ *    time any evidence covers). A delay every path shares - this host's
+ *    CPU, a queue in front of all planes, a peer gone silent - holds that
+ *    reference back as much as this path's evidence and retires nothing:
+ *    the agent's probes judge a peer whose paths all went quiet;
+ *  - and the unit is older than the path's send-to-evidence delay plus
+ *    the threshold (queues differ between planes: up to ~8 ms measured
+ *    between tbf-shaped planes under one TCP flow).
+ * The threshold is dead_after, stretched to what this path's evidence
+ * normally takes (health_threshold). A path that is merely idle has
+ * nothing outstanding.
  */
 static __always_inline int health_judge(const struct mrc_config *cfg,
 					const struct mrc_peer *peer,
@@ -124,7 +157,7 @@ static __always_inline int health_judge(const struct mrc_config *cfg,
 {
 	struct mrc_peer_seq *seq;
 	__u64 un, ack;
-	__s64 lag, late;
+	__s64 lag, late, thr;
 
 	if (live->state != MRC_PATH_GOOD)
 		return H_UNUSABLE;
@@ -143,20 +176,23 @@ static __always_inline int health_judge(const struct mrc_config *cfg,
 	seq = peer_seq(peer_idx);
 	if (!seq)
 		return H_OK;
-	/* Late relative to the peer's freshest evidence (a peer gone silent
-	 * altogether retires nothing), and late against this path's own
-	 * smoothed RTT and evidence gap (planes queue differently). */
 	lag = (__s64)(seq->ack_max_ns - un);
 	late = (__s64)(now - un) - (__s64)live->ev_rtt_us * 1000;
 	if (late < lag)
 		lag = late;
-	if (lag > (__s64)cfg->dead_after_us * 1000) {
+	thr = health_threshold(cfg, live);
+	if (lag > thr) {
 		/* Two strikes: one lost unit (a congestion drop, a queue
-		 * spike) must not retire a path. The first verdict restarts
-		 * the observation with this unit; only if it and what
-		 * follows also go unconfirmed is the path dead. */
+		 * spike) must not retire a path. The first verdict remembers
+		 * the unit it found uncovered and restarts the observation
+		 * with this one; only if the first is still uncovered when
+		 * the new one is overdue too is the path dead. Evidence that
+		 * covers the first unit only after the verdict means it was
+		 * late, not lost (the busy host's evidence often arrived
+		 * just after a strike; cleared only by a unit sent after
+		 * the strike, it retired healthy paths). */
 		if (!live->strike_ns || (__s64)(ack - live->strike_ns) >= 0) {
-			live->strike_ns = now;
+			live->strike_ns = un;
 			live->unacked_ns = now;
 			return H_SUSPECT;
 		}
@@ -168,8 +204,8 @@ static __always_inline int health_judge(const struct mrc_config *cfg,
 		judge_retire(peer_idx, pid, live, un, now);
 		return H_UNUSABLE;
 	}
-	/* A path with a strike stays suspect until evidence covers a unit
-	 * sent after the strike (that clears strike_ns above). The strike
+	/* A path with a strike stays suspect until evidence covers the unit
+	 * the strike found uncovered (that clears strike_ns above). The strike
 	 * restarted the observation, so `lag` starts again from zero: judged
 	 * by lag alone, a dead plane's units went unhedged for hedge_after
 	 * after every first strike, and TCP's retransmissions among them
@@ -177,7 +213,10 @@ static __always_inline int health_judge(const struct mrc_config *cfg,
 	 * runs (docs/benchmarks/failover.md). */
 	if (live->strike_ns)
 		return H_SUSPECT;
-	if (cfg->hedge_after_us && lag > (__s64)cfg->hedge_after_us * 1000)
+	/* Suspect at the same fraction of the threshold as hedge_after is
+	 * of dead_after: a busy host's slow evidence is not hedged for. */
+	if (cfg->hedge_after_us &&
+	    lag > (__s64)((__u64)cfg->hedge_after_us * (__u64)thr / cfg->dead_after_us))
 		return H_SUSPECT;
 	return H_OK;
 }
@@ -239,14 +278,14 @@ static long judge_fb_cb(__u32 i, void *arg)
 	if (c->n_paths == 0)
 		return 1;
 	pid = (c->start + i) % c->n_paths;
-	if (pid >= MRC_MAX_PATHS)
+	if (pid >= MRC_STRIDE)
 		return 1;
 	if (path_usable_at(c->peer, pid)) {
 		c->good = pid;
 		return 1;
 	}
 	if (c->any < 0) {
-		idx = MRC_PATH_IDX(c->peer, pid);
+		idx = path_idx(c->peer, pid);
 		p = bpf_map_lookup_elem(&mrc_paths, &idx);
 		if (p && path_allowed(p, idx))
 			c->any = pid;
@@ -260,8 +299,8 @@ static __always_inline int judge_fallback(__u32 peer_idx, __u32 n_paths,
 	struct judge_fb_ctx c = { .peer = peer_idx, .start = start,
 				  .n_paths = n_paths, .good = -1, .any = -1 };
 
-	if (n_paths > MRC_MAX_PATHS)
-		n_paths = c.n_paths = MRC_MAX_PATHS;
+	if (n_paths > MRC_STRIDE)
+		n_paths = c.n_paths = MRC_STRIDE;
 	bpf_loop(n_paths, judge_fb_cb, &c, 0);
 	if (c.good >= 0)
 		return c.good;

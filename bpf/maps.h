@@ -14,8 +14,8 @@
  *   map             owner header
  *   mrc_cfg         config.h
  *   mrc_peers       peer.h
- *   mrc_peer_ip     peer.h
  *   mrc_rx_peers    peer.h
+ *   mrc_peer_ip     peer.h
  *   mrc_ovl_owner   peer.h
  *   mrc_peer_seq    peer.h
  *   mrc_paths       path.h
@@ -23,6 +23,7 @@
  *   mrc_admin       path.h
  *   mrc_drops       stats.h
  *   mrc_path_stats  stats.h
+ *   mrc_path_cnt    stats.h
  *   mrc_hstats      stats.h
  *   mrc_events      events.h
  *   mrc_slots       spray.h
@@ -38,6 +39,7 @@
  *   mrc_auth        auth.h
  *   mrc_acl         acl.h
  *   mrc_path_mtu    pmtu.h
+ *   mrc_path_cong   congest.h
  */
 #ifndef MRC_MAPS_H
 #define MRC_MAPS_H
@@ -54,8 +56,10 @@
 #include "reorder.h"
 #include "epoch.h"
 #include "probe.h"
+#include "feedback.h"
 #include "auth.h"
 #include "acl.h"
 #include "pmtu.h"
+#include "congest.h"
 
 #endif /* MRC_MAPS_H */

@@ -25,21 +25,41 @@
 #define MRC_DEFAULT_UDP_PORT	4794	/* unassigned by IANA; configurable */
 #define MRC_DEFAULT_EV_BASE	49152	/* first EV (outer UDP source port) */
 
-#define MRC_MAX_PEERS		64
-#define MRC_MAX_PATHS		256	/* per peer: planes x EVs */
+/* Sizes: the per-peer and per-path maps are sized at load time from the
+ * config (struct mrc_sizing below); these are the bounds and the objects'
+ * compiled-in defaults. */
+#define MRC_DEFAULT_PEERS	64	/* per-peer entries unless the loader says */
+#define MRC_PEERS_LIMIT		16384	/* most per-peer entries the loader sets */
+#define MRC_MAX_PATHS		256	/* per peer: planes x EVs; the largest stride */
+#define MRC_PATH_SHIFT_MAX	8	/* log2(MRC_MAX_PATHS) */
 #define MRC_MAX_PLANES		16
 #define MRC_SLOTS		1024	/* spray slot table entries per peer */
 /* receiver reorder accounting, see struct mrc_rx_win */
 #define MRC_WIN_WORDS		64	/* window: 4096 PSNs */
 #define MRC_HIST_BUCKETS	16	/* per peer reorder histogram */
-#define MRC_PATH_HIST		8	/* per path reorder histogram */
-#define MRC_PATH_IDX(peer, path) ((peer) * MRC_MAX_PATHS + (path))
+
+/*
+ * The sizing of one loaded datapath, in each object's .rodata.sizing
+ * (bpf/sizing.h): written by the loader (mrcctl/datapath/objects.py, from
+ * the config: mrcctl/datapath/abi.py Sizing) before load, frozen after it,
+ * so the verifier knows both values as constants. Every per-peer map holds
+ * `peers` entries; every per-path map peers << path_shift, path `path` of
+ * peer `peer` at MRC_PATH_IDX(peer, path) = peer << path_shift | path
+ * (path < 1 << path_shift, the stride). Writer: agent (loader) only.
+ */
+struct mrc_sizing {
+	__u32	peers;		/* 1..MRC_PEERS_LIMIT */
+	__u32	path_shift;	/* 0..MRC_PATH_SHIFT_MAX */
+};
 
 /* Packet types (low nibble of ver_type). */
 enum mrc_type {
 	MRC_T_DATA		= 0,
 	MRC_T_PROBE		= 1,	/* EV probe: answered by the peer's XDP program */
 	MRC_T_PROBE_REPLY	= 2,
+	MRC_T_FEEDBACK		= 3,	/* evidence without data: fb_path/fb_ts echo
+					 * a DATA unit the sender of this frame
+					 * received (bpf/feedback.h) */
 };
 
 /* Header flags. */
@@ -48,6 +68,12 @@ enum mrc_type {
 #define MRC_F_IPID	0x04	/* non-TCP unit: seq0 holds the inner IPv4 ID of
 				 * its first segment, segment i carries ID + i */
 #define MRC_F_AUTH	0x08	/* a MRC_AUTH_LEN-byte MAC follows the header (bpf/auth.h) */
+#define MRC_F_ECE	0x10	/* with MRC_F_FEEDBACK: the echoed path (fb_path)
+				 * brought a CE-marked packet lately (bpf/congest.h) */
+/* A non-TCP inner IPv6 GSO unit (UDP_SEGMENT) has no field that tells its
+ * segments apart (no IPv6 ID; UDP datagrams carry no offset): it is sent
+ * with segs = 1 and one PSN, every segment repeating it, and never hedged
+ * (the duplicate filter would drop segments 2..n). tx.bpf.c. */
 
 /*
  * The MRC header follows the outer UDP header. One header covers one
@@ -95,12 +121,12 @@ enum mrc_reason {
 	MRC_R_RX_BAD_TYPE	= 4,
 	MRC_R_RX_FRAGMENT	= 5,	/* outer IP fragment to the MRC port */
 	MRC_R_RX_IP_OPTIONS	= 6,	/* outer IPv4 with options to the MRC port */
-	MRC_R_RX_BAD_INNER	= 7,	/* inner packet not IPv4 or cut short */
+	MRC_R_RX_BAD_INNER	= 7,	/* inner packet not IPv4 / IPv6 or cut short */
 	MRC_R_RX_DUPLICATE	= 8,	/* PSN already delivered (hedging) */
 	MRC_R_RX_DECAP_FAIL	= 9,
 	MRC_R_TX_NO_PEER	= 10,	/* overlay destination is not a peer */
 	MRC_R_TX_NO_PATH	= 11,	/* peer has no usable path */
-	MRC_R_TX_NOT_IPV4	= 12,	/* overlay carries IPv4 only */
+	MRC_R_TX_NOT_IPV4	= 12,	/* not IPv4 or IPv6 (the overlay carries IP) */
 	MRC_R_TX_ENCAP_FAIL	= 13,
 	MRC_R_RX_PROBE_REPLIED	= 14,	/* not a drop: probes answered */
 	MRC_R_RX_PROBE_REPLY	= 15,	/* not a drop: replies consumed */
@@ -124,7 +150,8 @@ enum mrc_reason {
 	MRC_R_RX_PMTU_BAD	= 31,	/* ICMP too-big quoting our port but naming no path of ours */
 	MRC_R_TX_TOO_BIG	= 32,	/* unit too big for its path: ICMP frag-needed to the sender */
 	MRC_R_TX_TOO_BIG_DROP	= 33,	/* too big for every path, and no ICMP (no DF, or none built) */
-	MRC_R_MAX		= 34,
+	MRC_R_RX_FEEDBACK	= 34,	/* not a drop: feedback frames consumed */
+	MRC_R_MAX		= 35,
 };
 
 /* mrc_cfg: ARRAY[1], instance-wide settings the control plane may change
@@ -139,12 +166,17 @@ struct mrc_config {
 	__u32	recover_probes;	/* consecutive probe replies to recover */
 	__u32	epoch;		/* 1..0xffff, random and new at every `up`,
 				 * sent in every header (mrc_hdr.epoch) */
+	__u32	cong_hold_us;	/* after an ECE echo, the slot walk passes
+				 * the path over this long; 0: never
+				 * (bpf/congest.h) */
 };
 #define MRC_CFG_LIVENESS	0x01	/* judge path liveness in the datapath */
 #define MRC_CFG_HEDGE		0x02	/* hedged (duplicate) sending on suspect paths */
 #define MRC_CFG_HEDGE_ALL	0x04	/* hedge every unit (duplicate-send mode) */
+#define MRC_CFG_FB_FRAMES	0x08	/* mrc_rx_tc sends feedback frames for paths
+					 * reverse data leaves unechoed (feedback.h) */
 
-/* mrc_peers: ARRAY[MRC_MAX_PEERS]. n_paths == 0 marks a free entry. Every
+/* mrc_peers: ARRAY[peers]. n_paths == 0 marks a free entry. Every
  * field: agent; its writers rewrite the whole entry (loader at `up`, slot
  * table flips, `mrcctl spray`, the adaptive flowlet gap). The one entry
  * with two live writers: `mrcctl spray` against the agent's flips and gap,
@@ -157,13 +189,21 @@ struct mrc_peer {
 	__u32	spray_mode;	/* enum mrc_spray; writer: agent (loader,
 				 * `mrcctl spray`) */
 	__u32	min_active;	/* ev_min_active; writer: agent (loader) */
-	__be32	overlay;	/* the peer's overlay IPv4 address; writer:
-				 * agent (loader) */
+	__be32	overlay;	/* the peer's identity across `up`: its overlay
+				 * IPv4 address, or for a peer with IPv6 overlay
+				 * addresses only the last 32 bits of the first
+				 * (instance/fill.py); writer: agent (loader) */
 	__u32	ev_base;	/* writer: agent (loader) */
 	__u32	flowlet_gap_us;	/* flowlet mode: idle gap after which a flow
 				 * may move to another path (bpf/spray.h);
 				 * writer: agent (loader, adaptive gap,
 				 * `mrcctl spray`) */
+	__u32	epoch;		/* the epoch sent to this peer (mrc_hdr.epoch);
+				 * 0: mrc_config.epoch. A peer added to a
+				 * running instance gets its own, since its
+				 * PSNs start again at 0 while the instance's
+				 * epoch stays (bpf/epoch.h); writer: agent
+				 * (loader, `mrcctl peer add`) */
 };
 
 enum mrc_spray {
@@ -173,7 +213,7 @@ enum mrc_spray {
 };
 
 /*
- * mrc_slots: ARRAY[MRC_MAX_PEERS * 2], index peer * 2 + table. The control
+ * mrc_slots: ARRAY[peers * 2], index peer * 2 + table. The control
  * plane fills the idle table, then flips mrc_peer.table: spraying never sees
  * a half-written table. Writer: agent (slot table builds) only.
  */
@@ -182,7 +222,7 @@ struct mrc_slots {
 	__u8	slot[MRC_SLOTS];	/* path index */
 };
 
-/* mrc_paths: ARRAY[MRC_MAX_PEERS * MRC_MAX_PATHS], written by the control
+/* mrc_paths: ARRAY[peers << path_shift], written by the control
  * plane only, one writer at a time: the loader at `up` writes every field
  * while no agent runs (up stops it first), then the agent's tasks (one
  * thread) rewrite whole entries for their own field. */
@@ -204,7 +244,7 @@ struct mrc_path {
 };
 
 /*
- * mrc_admin: ARRAY[MRC_MAX_PEERS * MRC_MAX_PATHS] of __u32: MRC_PATH_DENIED
+ * mrc_admin: ARRAY[peers << path_shift] of __u32: MRC_PATH_DENIED
  * when the operator denied the path, else MRC_PATH_GOOD. Apart from
  * mrc_paths so that no other writer's whole-entry rewrite can undo a deny.
  * Writer: operator (mrcctl under the instance lock: `path deny/allow`, and
@@ -212,7 +252,7 @@ struct mrc_path {
  */
 
 /*
- * mrc_live: ARRAY[MRC_MAX_PEERS * MRC_MAX_PATHS], written by the datapath,
+ * mrc_live: ARRAY[peers << path_shift], written by the datapath,
  * shared by all CPUs. The agent never writes it: a retirement it decides
  * (link down, probe loss) is a request the mrc_ctl program carries out
  * with the same compare-and-swap as the programs (bpf/ctl.bpf.c). The
@@ -221,6 +261,8 @@ struct mrc_path {
  * the index its peer has now.
  */
 struct mrc_path_live {
+	/* first cache line: mrc_rx's, written per unit (receipts) and per
+	 * echo (evidence); mrc_tx only reads it */
 	__u64	last_ack_ns;	/* sender: newest evidence that this path delivers,
 				 * dated by the evidence's send time: when the
 				 * newest probe/data known delivered was sent
@@ -228,59 +270,80 @@ struct mrc_path_live {
 				 * writer: mrc_rx (evidence.h) */
 	__u64	last_rx_ns;	/* receiver: newest packet received on this
 				 * path; writer: mrc_rx (feedback.h) */
+	__u64	ev_rx_ns;	/* sender: when new evidence last arrived;
+				 * writer: mrc_rx (evidence.h) */
+	__u64	ev_ack_ns;	/* sender: last_ack_ns when last looked at;
+				 * writer: mrc_rx (evidence.h) */
 	__u32	last_rx_ts;	/* receiver: that packet's tx_ts, to echo back;
 				 * writer: mrc_rx (feedback.h) */
+	__u32	last_rx_unit;	/* receiver: PSN of the unit last_rx_ts came
+				 * from (its segments share one header);
+				 * writer: mrc_rx (feedback.h) */
+	__u32	srtt_us;	/* smoothed RTT from echoes and probes; writer:
+				 * mrc_rx (evidence.h) */
+	__u32	rtt_us;		/* last RTT sample; writer: mrc_rx (evidence.h) */
+	__u32	ev_cov_us;	/* sender: smoothed coverage delay, from sending
+				 * the oldest outstanding unit (unacked_ns) to
+				 * the evidence that covers it: how long this
+				 * path's evidence normally takes, echo
+				 * scheduling included (judge.h); writer:
+				 * mrc_rx (evidence.h) */
+	__u32	ev_rtt_us;	/* sender: smoothed send-to-evidence delay, from
+				 * new evidence only (srtt_us also takes repeated
+				 * echoes of an old receipt, which a dead path
+				 * keeps getting); writer: mrc_rx (evidence.h) */
+	__u32	ev_cov_max_us;	/* sender: recent peak of the coverage delay
+				 * (jumps to a larger sample, decays by 1/16 per
+				 * smaller one): the judge's threshold; writer:
+				 * mrc_rx (evidence.h) */
+	__u32	probe_seq;	/* sequence number of the newest probe reply;
+				 * writer: mrc_rx (evidence.h) */
+	/* second cache line: mrc_tx's per-unit writes (judge.h, feedback.h),
+	 * and the writers of rare events: state transitions (CAS), recovery,
+	 * probe replies while ASSUMED_BAD, feedback frames (<= 1 per ms) */
+	__u64	unacked_ns;	/* sender: send time of the oldest unit not yet
+				 * covered by evidence; 0 or <= last_ack_ns:
+				 * nothing outstanding; writers: mrc_tx
+				 * (judge.h), mrc_rx (evidence.h: 0 on
+				 * recovery) */
+	__u64	strike_ns;	/* sender: send time of the unit a first overdue
+				 * verdict found uncovered, waiting for a second
+				 * verdict (0: none); evidence covering that unit
+				 * clears it; writer: mrc_tx (judge.h) */
+	__u64	fb_echo_ns;	/* receiver: when reverse data last carried an
+				 * echo of this path; writer: mrc_tx
+				 * (feedback.h) */
+	__u64	bad_ns;		/* when it last left GOOD; writer: whichever
+				 * program won the CAS on state to ASSUMED_BAD
+				 * (judge.h, ctl.bpf.c: one per transition) */
+	__u64	good_ns;	/* when it last returned to GOOD; writer:
+				 * mrc_rx (evidence.h) */
+	__u64	fb_frame_ns;	/* receiver: when a feedback frame for this path
+				 * last left; writer: mrc_rx_tc (feedback.h) */
 	__u32	state;		/* enum mrc_path_state; writers, one transition
 				 * each, by compare-and-swap: mrc_tx (judge.h,
 				 * GOOD -> ASSUMED_BAD), mrc_ctl (ctl.bpf.c,
 				 * GOOD -> ASSUMED_BAD for the agent: link down,
 				 * probe loss), mrc_rx (evidence.h, back to
 				 * GOOD) */
-	__u32	srtt_us;	/* smoothed RTT from echoes and probes; writer:
-				 * mrc_rx (evidence.h) */
-	__u32	rtt_us;		/* last RTT sample; writer: mrc_rx (evidence.h) */
-	/* path health (bpf/judge.h, bpf/evidence.h) */
-	__u64	unacked_ns;	/* sender: send time of the oldest unit not yet
-				 * covered by evidence; 0 or <= last_ack_ns:
-				 * nothing outstanding; writers: mrc_tx
-				 * (judge.h), mrc_rx (evidence.h: 0 on
-				 * recovery) */
-	__u64	bad_ns;		/* when it last left GOOD; writer: whichever
-				 * program won the CAS on state to ASSUMED_BAD
-				 * (judge.h, ctl.bpf.c: one per transition) */
-	__u64	good_ns;	/* when it last returned to GOOD; writer:
-				 * mrc_rx (evidence.h) */
-	__u32	probe_seq;	/* sequence number of the newest probe reply;
-				 * writer: mrc_rx (evidence.h) */
+	__u32	fb_echoed;	/* receiver: last_rx_ts value already echoed;
+				 * writer: mrc_tx (feedback.h) */
+	__u32	flaps;		/* quick GOOD -> BAD relapses (damping level);
+				 * writer: mrc_tx (judge.h) */
 	__u32	probe_ok;	/* consecutive probe replies while ASSUMED_BAD;
 				 * writers: mrc_rx (evidence.h), and 0 by the
 				 * winner of the CAS to ASSUMED_BAD (judge.h,
 				 * ctl.bpf.c), which mrc_rx counts from */
-	__u32	flaps;		/* quick GOOD -> BAD relapses (damping level);
-				 * writer: mrc_tx (judge.h) */
-	__u32	fb_echoed;	/* receiver: last_rx_ts value already echoed;
-				 * writer: mrc_tx (feedback.h) */
-	__u64	ev_rx_ns;	/* sender: when new evidence last arrived;
-				 * writer: mrc_rx (evidence.h) */
-	__u32	ev_gap_us;	/* sender: smoothed time between new evidence;
-				 * writer: mrc_rx (evidence.h) */
-	__u32	ev_rtt_us;	/* sender: smoothed send-to-evidence delay, from
-				 * new evidence only (srtt_us also takes repeated
-				 * echoes of an old receipt, which a dead path
-				 * keeps getting); writer: mrc_rx (evidence.h) */
-	__u64	ev_ack_ns;	/* sender: last_ack_ns when last looked at;
-				 * writer: mrc_rx (evidence.h) */
-	__u64	strike_ns;	/* sender: first overdue verdict, waiting for a
-				 * second one (0: none); writer: mrc_tx
-				 * (judge.h) */
-	__u32	last_rx_unit;	/* receiver: PSN of the unit last_rx_ts came
-				 * from (its segments share one header);
-				 * writer: mrc_rx (feedback.h) */
-	__u32	rsvd;
 };
+/* Two cache lines, one per side: the maps holding it are mmapable, so each
+ * value starts on a page and a cache line (path.h). */
+_Static_assert(sizeof(struct mrc_path_live) == 128, "mrc_path_live: two cache lines");
 
-/* mrc_peer_seq: ARRAY[MRC_MAX_PEERS], shared by all CPUs. Only the
- * datapath writes it, but both programs write this one cache line. */
+/* mrc_peer_seq: ARRAY[peers], shared by all CPUs. Only the datapath
+ * writes it: mrc_tx the first cache line, per unit (two atomics), mrc_rx
+ * the second, per packet (rx_psn_max): apart, so neither side's writes
+ * take the other's line away (the map is mmapable: each value starts on a
+ * cache line, peer.h). */
 struct mrc_peer_seq {
 	__u64	psn;		/* next PSN to send; writer: mrc_tx (encap.h,
 				 * atomic) */
@@ -288,6 +351,7 @@ struct mrc_peer_seq {
 				 * atomic) */
 	__u64	fb_cursor;	/* which path to echo next; writer: mrc_tx
 				 * (feedback.h) */
+	__u8	tx_pad[40];	/* the rest of mrc_tx's line; writer: none */
 	__u64	rx_psn_max;	/* receiver: highest wire PSN seen (a 32-bit
 				 * wire PSN, compared wrap-safe); writer:
 				 * mrc_rx (reorder.h) */
@@ -296,15 +360,35 @@ struct mrc_peer_seq {
 	__u32	ack_max_path;	/* sender: the path that confirmed it; writer:
 				 * mrc_rx (evidence.h) */
 	__u32	rsvd;
+	__u64	fb_rl_tat;	/* receiver: the feedback frames' GCRA bucket
+				 * (the next frame's theoretical send time);
+				 * writer: mrc_rx_tc (feedback.h) */
+	__u8	rx_pad[32];	/* the rest of mrc_rx's line; writer: none */
 };
+_Static_assert(sizeof(struct mrc_peer_seq) == 128, "mrc_peer_seq: two cache lines");
 
-/* mrc_path_stats: PERCPU_ARRAY[MRC_MAX_PEERS * MRC_MAX_PATHS]. */
+/*
+ * mrc_path_stats: PERCPU_ARRAY[peers << path_shift], the per-path counters
+ * every packet moves: per CPU, so the hot path needs no atomics. Per CPU they cost 8 bytes each per path per
+ * possible CPU (4,096 peers x 32 paths on 2 CPUs: 1 MiB a field), which is
+ * why the rarer ones live in mrc_path_cnt.
+ */
 struct mrc_path_stats {
 	__u64	tx_packets;	/* wire packets (GSO segments counted); writer:
 				 * mrc_tx (tx.bpf.c, hedge.h) */
 	__u64	tx_bytes;	/* writer: mrc_tx (tx.bpf.c, hedge.h) */
 	__u64	rx_packets;	/* writer: mrc_rx (rx.bpf.c) */
 	__u64	rx_bytes;	/* writer: mrc_rx (rx.bpf.c) */
+};
+
+/*
+ * mrc_path_cnt: ARRAY[peers << path_shift], the per-path counters of rare
+ * events, one copy shared by the CPUs (atomic adds): a reordered packet
+ * (frequent only while spraying reorders), a probe reply, a duplicate, a
+ * late or CE-marked packet, a steered retransmission. The
+ * reorder distances are kept per peer (mrc_reorder.hist), not per path.
+ */
+struct mrc_path_cnt {
 	__u64	rx_ooo;		/* arrived below the highest PSN seen; writer:
 				 * mrc_rx (reorder.h) */
 	__u64	rx_dup;		/* writer: mrc_rx (reorder.h) */
@@ -320,16 +404,15 @@ struct mrc_path_stats {
 	__u64	rx_ce;		/* arrived with CE in the outer header: the
 				 * fabric marked congestion on this path;
 				 * writer: mrc_rx (rx.bpf.c, bpf/ecn.h) */
-	__u64	rx_ooo_hist[MRC_PATH_HIST];	/* out-of-order arrivals by
-				 * distance below the highest PSN: bucket b
-				 * holds 2^b..2^(b+1)-1, the last one more;
-				 * writer: mrc_rx (reorder.h) */
+	__u64	tx_hedged;	/* of tx_packets: hedged copies sent here as
+				 * the partner of a suspect path, not by the
+				 * slot table; writer: mrc_tx (tx.bpf.c) */
 };
 
 /*
  * Receiver reorder/loss accounting (bpf/reorder.h).
  *
- * mrc_rx_win: ARRAY[MRC_MAX_PEERS], shared by all CPUs: which of the last
+ * mrc_rx_win: ARRAY[peers], shared by all CPUs: which of the last
  * MRC_WIN_WORDS * 64 wire PSNs below the highest seen have arrived. Bit
  * (psn % 64) of word (psn / 64) % MRC_WIN_WORDS. A PSN whose word leaves the
  * window without its bit set is counted lost.
@@ -342,7 +425,7 @@ struct mrc_rx_win {
 	__u64	bits[MRC_WIN_WORDS];
 };
 
-/* mrc_reorder: PERCPU_ARRAY[MRC_MAX_PEERS], per peer. Writer of every
+/* mrc_reorder: PERCPU_ARRAY[peers], per peer. Writer of every
  * field: mrc_rx (reorder.h); mrc_rx_win likewise. */
 struct mrc_reorder {
 	__u64	rx_packets;	/* data packets accounted */
@@ -359,7 +442,7 @@ struct mrc_reorder {
 };
 
 /*
- * mrc_path_delay: ARRAY[MRC_MAX_PEERS * MRC_MAX_PATHS], sender side: RTT of
+ * mrc_path_delay: ARRAY[peers << path_shift], sender side: RTT of
  * our path from the peer's feedback echoes, counting only echoes of a newer
  * packet than the last (a re-echo of an old timestamp is no sample). What
  * the adaptive weights (mrcctl/weights.py) steer by. Writer of every field:
@@ -377,7 +460,7 @@ struct mrc_path_delay {
 };
 
 /*
- * mrc_probe_nonce: ARRAY[MRC_MAX_PEERS * MRC_MAX_PATHS], the agent's
+ * mrc_probe_nonce: ARRAY[peers << path_shift], the agent's
  * outstanding probes of each path: probe seq (the PROBE's psn) seq[i] was
  * sent with the unpredictable 64-bit nonce nonce[i] (the PROBE's seq0 << 32
  * | fb_ts, echoed by the peer's turn-around), slot i = seq % MRC_PROBE_RING.
@@ -405,7 +488,7 @@ struct mrc_flowlet {
 };
 
 /*
- * mrc_path_mtu: ARRAY[MRC_MAX_PEERS * MRC_MAX_PATHS], the path MTU an ICMP
+ * mrc_path_mtu: ARRAY[peers << path_shift], the path MTU an ICMP
  * "fragmentation needed" / "packet too big" reported for one of our paths
  * (bpf/pmtu.h); in force for MRC_PMTU_AGE_NS after ns. Writer of every
  * field: mrc_rx (pmtu.h).
@@ -419,23 +502,30 @@ struct mrc_path_mtu {
 /* mrc_drops: PERCPU_ARRAY[MRC_R_MAX] of __u64 packets. Writers: mrc_tx,
  * mrc_rx, each from its one exit (tx_exit, rx_exit). */
 
-/* mrc_peer_ip: HASH overlay IPv4 (network order) -> peer index (__u32).
- * Writer: agent (loader). */
-
 /*
- * mrc_ovl_owner: LPM_TRIE, who owns an overlay IPv4 prefix: a peer index,
- * or MRC_OWNER_LOCAL for this host. mrc_rx delivers an inner packet only if
- * its source is owned by the peer the frame came from and its destination
- * by this host (bpf/peer.h ovl_owner()). Filled today with /32s: every
- * peer's overlay address and our own; prefixes routed to a peer (issue #14,
- * peer[].prefixes) or served here are further entries, no datapath change.
- * Writer: agent (loader).
+ * Two LPM_TRIEs keyed by an overlay prefix of either family (struct
+ * mrc_ovl_key), looked up by an inner address (bpf/peer.h ovl_lookup()):
+ *  - mrc_peer_ip: inner destination -> the peer mrc_tx sends it to (no
+ *    entry: MRC_R_TX_NO_PEER). Every peer's overlay addresses (/32, /128)
+ *    and peer[].prefixes.
+ *  - mrc_ovl_owner: who owns a prefix, a peer index or MRC_OWNER_LOCAL for
+ *    this host; mrc_rx delivers an inner packet only if its source is owned
+ *    by the peer the frame came from and its destination by this host. The
+ *    same entries as mrc_peer_ip, plus ours and overlay.prefixes as
+ *    MRC_OWNER_LOCAL. Two maps because they answer two questions (where
+ *    to send, whom to believe), which differ where a host is both ends.
+ * The family is the first word of the matched data, so no IPv4 prefix can
+ * cover an IPv6 address (nor ::ffff:a.b.c.d an IPv4 one). Writer of both:
+ * agent (loader).
  */
 #define MRC_OWNER_LOCAL		0xffffffffU
 #define MRC_OWNER_NONE		0xfffffffeU	/* no entry (never stored) */
+#define MRC_OVL_FAMILY_BITS	32	/* prefixlen = these + the prefix's own length */
+#define MRC_OVL_PER_PEER	16	/* owner entries a peer may have (addresses + prefixes) */
 struct mrc_ovl_key {
-	__u32	prefixlen;	/* 0..32 */
-	__be32	addr;		/* network order */
+	__u32	prefixlen;	/* MRC_OVL_FAMILY_BITS + 0..32 (IPv4) or 0..128 (IPv6) */
+	__u32	family;		/* 4 or 6, host order */
+	__be32	addr[4];	/* network order; IPv4 in [0], the rest 0 */
 };
 
 /* mrc_rx_peers: HASH, which source may send MRC on which plane. Writer:
@@ -478,7 +568,29 @@ struct mrc_event {
 };
 
 /*
- * mrc_dedup: ARRAY[MRC_MAX_PEERS], receiver duplicate filter for hedged
+ * mrc_path_cong: ARRAY[peers << path_shift], ECN-driven EV
+ * avoidance (bpf/congest.h). Like mrc_live, an entry serves both
+ * directions: the receiver's field for the peer's path toward us, the
+ * sender's for ours toward the peer (both ends number paths alike).
+ */
+struct mrc_path_cong {
+	__u64	rx_ce_ns;	/* receiver: newest CE-marked DATA packet on the
+				 * peer's path; writer: mrc_rx (congest.h) */
+	__u64	ce_ns;		/* sender: newest echo with MRC_F_ECE for our
+				 * path; writer: mrc_rx (congest.h) */
+	__u64	ce_echoes;	/* sender: echoes with MRC_F_ECE for our path;
+				 * writer: mrc_rx (congest.h) */
+	__u32	hold_shift;	/* sender: the walk passes the path over for
+				 * cong_hold_us << hold_shift; one more for a
+				 * mark soon after the last hold ended, 0 at an
+				 * unmarked echo; writer: mrc_rx (congest.h) */
+	__u32	fb_ts;		/* sender: the echoed tx_ts last taken as news
+				 * (a re-echo of the same receipt is none);
+				 * writer: mrc_rx (congest.h) */
+};
+
+/*
+ * mrc_dedup: ARRAY[peers], receiver duplicate filter for hedged
  * units (MRC_F_HEDGE on both copies). Word (psn >> 5) % MRC_DEDUP_WORDS
  * holds, in one __u64 updated by compare-and-swap, the tag psn >> 5 in the
  * high 32 bits and a bit per PSN of that block of 32 in the low 32 bits: a
@@ -492,7 +604,7 @@ struct mrc_dedup {
 };
 
 /*
- * mrc_tx_flows: ARRAY[MRC_MAX_PEERS], sender side: per inner TCP flow (hashed
+ * mrc_tx_flows: ARRAY[peers], sender side: per inner TCP flow (hashed
  * into MRC_TX_FLOWS slots) the flow's hash in the high 32 bits and the end
  * of the highest sequence sent in the low 32 bits, one __u64 per slot. A unit
  * that ends at or below it is a retransmission (bpf/retx.h). TCP sends a
@@ -528,10 +640,17 @@ struct mrc_hstats {
 				 * (rx.bpf.c) */
 	__u64	rx_gso_segs;	/* wire segments in those skbs; writer:
 				 * mrc_rx_tc (rx.bpf.c) */
+	__u64	ecn_avoided;	/* slots the walk passed over because the peer
+				 * echoed CE for their path lately; writer:
+				 * mrc_tx (tx.bpf.c) */
+	__u64	fb_frames;	/* feedback frames sent; writer: mrc_rx_tc
+				 * (feedback.h) */
+	__u64	fb_limited;	/* feedback frames the per-peer rate refused;
+				 * writer: mrc_rx_tc (feedback.h) */
 };
 
 /*
- * mrc_rx_epoch: ARRAY[MRC_MAX_PEERS], receiver: the epoch the peer sends
+ * mrc_rx_epoch: ARRAY[peers], receiver: the epoch the peer sends
  * now and the one before it, each stored as epoch | MRC_EPOCH_SEEN (0: none
  * yet). A DATA frame of a third epoch restarts the peer's reorder window
  * and duplicate filter; one of the previous epoch (in flight across the
@@ -551,6 +670,35 @@ struct mrc_rx_epoch {
  * program's, atomic against the others. XDP_PASS: done; XDP_DROP: nothing
  * to do (another writer got there first); XDP_ABORTED: bad request.
  */
+/*
+ * The probe generator (bpf/probe_gen.bpf.c): the agent's probes of one
+ * round, sent by one BPF_PROG_TEST_RUN with BPF_F_TEST_XDP_LIVE_FRAMES.
+ * mrc_probe_out (ARRAY[MRC_PROBE_BATCH], the generator's own map, not the
+ * datapath's): entry i is the run's i-th probe, a prebuilt frame whose MRC
+ * header the generator completes (psn = seq, tx_ts, nonce in seq0/fb_ts,
+ * the MAC if the header says MRC_F_AUTH) before redirecting it out of
+ * ifindex. Writer of every field: agent (health), before the run.
+ */
+#define MRC_PROBE_BATCH		256
+#define MRC_PROBE_FRAME_MAX	128	/* Ethernet + IPv6 + UDP + MRC + MAC: 98 */
+struct mrc_probe_out {
+	__u32	ifindex;	/* plane to send it out of */
+	__u16	len;		/* frame bytes */
+	__u16	mrc_off;	/* where the MRC header starts in frame */
+	__u32	peer;		/* peer index: its key in mrc_auth */
+	__u32	seq;		/* the probe's sequence number (MRC psn) */
+	__u64	nonce;		/* seq0 << 32 | fb_ts (mrc_probe_nonce) */
+	__u8	frame[MRC_PROBE_FRAME_MAX];
+};
+
+/* Behind MRC_PROBE_FRAME_MAX bytes of room, the run's own input frame
+ * ends in this: which run (a run number new each run restarts the
+ * generator at entry 0) and how many entries it sends. */
+struct mrc_probe_run {
+	__u32	gen;
+	__u32	n;
+};
+
 enum mrc_ctl_op {
 	MRC_CTL_RETIRE		= 1,	/* GOOD -> ASSUMED_BAD */
 };
@@ -572,18 +720,32 @@ struct mrc_ctl_req {
  * The MAC is the hash's 64-bit value, little-endian (as SipHash's reference).
  */
 #define MRC_AUTH_LEN		8
-#define MRC_AUTH_MSG_LEN	48	/* MRC header + struct mrc_auth_inner */
+#define MRC_AUTH_MSG_LEN	48	/* MRC header + the first 20 bytes of
+					 * struct mrc_auth_inner: inner IPv4 (and
+					 * PROBE / PROBE_REPLY) */
+#define MRC_AUTH_MSG_LEN6	72	/* MRC header + all of it: inner IPv6 */
+/*
+ * The inner block. IPv4 fills the first 20 bytes, exactly as before inner
+ * IPv6 existed (so IPv4 MACs did not change); IPv6 puts the last 32 bits of
+ * each address where IPv4's address goes and the first 96 bits behind, and
+ * the MAC covers all 44 bytes. The lengths differ, and SipHash hashes the
+ * length, so an IPv4 and an IPv6 block can never give the same message.
+ */
 struct mrc_auth_inner {
-	__be32	saddr;		/* inner IPv4 source */
+	__be32	saddr;		/* inner IPv4 source; IPv6: bits 96..127 */
 	__be32	daddr;
-	__u8	proto;
-	__u8	rsvd[3];
+	__u8	proto;		/* IPv4 protocol; IPv6 next header (not walked) */
+	__u8	v6;		/* 0: IPv4 (or none), the first 20 bytes are the
+				 * block; 6: IPv6, all 44 */
+	__u8	rsvd[2];
 	__be16	sport;		/* TCP/UDP ports of an unfragmented or first */
 	__be16	dport;		/* fragment, else 0 */
 	__u32	rsvd2;
+	__be32	saddr6[3];	/* IPv6 only: source bits 0..95 */
+	__be32	daddr6[3];	/* IPv6 only: destination bits 0..95 */
 };
 
-/* mrc_auth: ARRAY[MRC_MAX_PEERS], the key toward each peer (the cluster
+/* mrc_auth: ARRAY[peers], the key toward each peer (the cluster
  * key, or a peer's own). Writer: agent (loader) only; never logged. */
 struct mrc_auth_key {
 	__u64	k0;		/* key bytes 0..7, little-endian */

@@ -9,11 +9,12 @@
  * header mrc_rx receives and for the inner packet both programs carry. What a
  * caller accepts is policy, passed as L3_F_* flags, not a second parser:
  *   mrc_rx outer  L3_F_IPV4 | L3_F_IPV6 | L3_F_V6_FRAG, after parse_l2(L2_F_PRIO_TAG)
- *   mrc_tx inner  L3_F_IPV4 | L3_F_WHOLE
- *   mrc_rx inner  L3_F_IPV4
- * Carrying inner IPv6 means adding L3_F_IPV6 to the two inner calls (and
- * choosing the inner ethertype from the version nibble on receive): the
- * descriptor already holds what encapsulation and spraying read.
+ *   mrc_tx inner  L3_F_IPV4 | L3_F_IPV6 | L3_F_WHOLE
+ *   mrc_rx inner  L3_F_IPV4 | L3_F_IPV6, the family from the version nibble
+ *                 (l3_inner_proto)
+ * Inner IPv6 extension headers (a fragment header included) are not
+ * walked, on either side: their next header is the L4 protocol, which then
+ * reads as "not TCP / UDP", the same for the sender and the receiver.
  */
 #ifndef MRC_PARSING_H
 #define MRC_PARSING_H
@@ -210,6 +211,66 @@ static __always_inline bool l3_has_options(const struct l3_desc *d)
 static __always_inline __u16 l3_ethertype(const struct l3_desc *d)
 {
 	return d->family == 4 ? ETH_P_IP : ETH_P_IPV6;
+}
+
+/* The ethertype of the IP packet at p by its version nibble (network
+ * order); 0 if p lies beyond data_end. For a packet behind a header that
+ * names no ethertype (the MRC header). */
+static __always_inline int l3_inner_proto(void *p, void *data_end)
+{
+	__u8 *v = p;
+
+	if ((void *)(v + 1) > data_end)
+		return 0;
+	return (*v >> 4) == 6 ? bpf_htons(ETH_P_IPV6) : bpf_htons(ETH_P_IP);
+}
+
+/*
+ * An IP packet's flow as scalars, no packet pointers: what mrc_tx reads of
+ * the inner packet after its one parse (tx_parse_inner, a global function:
+ * family-dependent packet pointers kept through the program multiplied the
+ * verifier's states), and what a MAC covers (auth.h). Ports are read for
+ * TCP and UDP unless the packet is a later IPv4 fragment.
+ */
+struct l3_flow {
+	__be32	saddr[4];	/* IPv4 in [0], the rest 0 */
+	__be32	daddr[4];
+	__u32	ports;		/* the L4 header's first 4 bytes as loaded
+				 * (source, destination port); 0 if none */
+	__u8	family;		/* 4 or 6 */
+	__u8	proto;		/* IPv6: the next header, not walked */
+	__u8	has_ports;
+	__u8	rsvd;
+};
+
+static __always_inline void l3_flow_of(const struct l3_desc *d, void *data_end,
+				       struct l3_flow *fl)
+{
+	__u32 *ports = d->l4;
+
+	__builtin_memset(fl, 0, sizeof(*fl));
+	fl->family = d->family;
+	fl->proto = d->proto;
+	if (d->family == 4) {
+		fl->saddr[0] = d->ip4->saddr;
+		fl->daddr[0] = d->ip4->daddr;
+	} else {
+		__builtin_memcpy(fl->saddr, &d->ip6->saddr, 16);
+		__builtin_memcpy(fl->daddr, &d->ip6->daddr, 16);
+	}
+	if ((d->proto == IPPROTO_TCP || d->proto == IPPROTO_UDP) &&
+	    d->frag != L3_FRAG_LATER && (void *)(ports + 1) <= data_end) {
+		fl->ports = *ports;
+		fl->has_ports = 1;
+	}
+}
+
+/* An address folded to 32 bits (xor of its words), for the flow hashes
+ * (spray.h, retx.h): an IPv4 address is its own fold, so IPv4 hashes are
+ * what they were before inner IPv6. */
+static __always_inline __u32 l3_fold(const __be32 *a)
+{
+	return a[0] ^ a[1] ^ a[2] ^ a[3];
 }
 
 /* Returns the UDP length field (host order) or -1. */

@@ -11,8 +11,7 @@
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
 #include "mrc.h"
-
-#define MRC_N_PATH_ENTRIES	(MRC_MAX_PEERS * MRC_MAX_PATHS)
+#include "sizing.h"
 
 /* Path configuration, MRC_PATH_IDX(peer, path); writers per field in mrc.h
  * struct mrc_path. */
@@ -24,10 +23,14 @@ struct {
 } mrc_paths SEC(".maps");
 
 /* Path liveness, shared across CPUs; writers per field in mrc.h struct
- * mrc_path_live. */
+ * mrc_path_live. Mmapable (nobody maps it) for the layout: the values of
+ * such an array start on a page, so each entry's two halves are the two
+ * cache lines mrc.h gives them (a plain array's start here, 312 bytes into
+ * struct bpf_array, would put both sides' fields in a line). */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, MRC_N_PATH_ENTRIES);
+	__uint(map_flags, BPF_F_MMAPABLE);
 	__type(key, __u32);
 	__type(value, struct mrc_path_live);
 } mrc_live SEC(".maps");
@@ -45,7 +48,7 @@ struct {
  * from a map can index another map (the verifier wants the bound). */
 static __always_inline __u32 path_idx(__u32 peer_idx, __u32 pid)
 {
-	return MRC_PATH_IDX(peer_idx, pid & (MRC_MAX_PATHS - 1));
+	return MRC_PATH_IDX(peer_idx, pid & (MRC_STRIDE - 1));
 }
 
 static __always_inline struct mrc_path *path_cfg(__u32 peer_idx, __u32 pid)
@@ -61,7 +64,7 @@ static __always_inline void *path_entry(void *map, __u32 peer, __u32 path)
 {
 	__u32 idx;
 
-	if (peer >= MRC_MAX_PEERS || path >= MRC_MAX_PATHS)
+	if (peer >= MRC_PEERS || path >= MRC_STRIDE)
 		return NULL;
 	idx = MRC_PATH_IDX(peer, path);
 	return bpf_map_lookup_elem(map, &idx);
@@ -99,7 +102,7 @@ static __always_inline bool path_usable(const struct mrc_path *p,
  * verification limit). */
 __attribute__((noinline)) int path_usable_at(__u32 peer_idx, __u32 pid)
 {
-	__u32 idx = MRC_PATH_IDX(peer_idx, pid);
+	__u32 idx = path_idx(peer_idx, pid);
 	struct mrc_path *p = bpf_map_lookup_elem(&mrc_paths, &idx);
 	struct mrc_path_live *l = bpf_map_lookup_elem(&mrc_live, &idx);
 

@@ -12,9 +12,10 @@
  *    plane, our address, the path's EV and id, and a PSN we sent recently.
  *    Whoever forges one must have seen our traffic or guess a 2^20 window
  *    out of 2^32 PSNs (docs/hostile-input.md).
- *  - tx (pmtu_fits, tx_icmp_too_big): a unit whose wire segments do not fit
- *    its path's recorded MTU is turned into an ICMP "fragmentation needed"
- *    to the inner sender, with the overlay MTU every recorded path of the
+ *  - tx (pmtu_fits, tx_icmp_too_big, tx_icmp6_too_big): a unit whose wire
+ *    segments do not fit its path's recorded MTU is turned into an ICMP
+ *    "fragmentation needed" (inner IPv6: ICMPv6 "packet too big") to the
+ *    inner sender, with the overlay MTU every recorded path of the
  *    peer can carry, and redirected into the overlay device's ingress: the
  *    sender's stack lowers its PMTU and TCP retransmits at once at the
  *    smaller size. An inner packet without DF may not be answered so
@@ -77,7 +78,7 @@ struct pmtu_icmp {
  * map of its own: mrc_paths is rewritten whole by the agent. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, MRC_MAX_PEERS * MRC_MAX_PATHS);
+	__uint(max_entries, MRC_N_PATH_ENTRIES);
 	__type(key, __u32);
 	__type(value, struct mrc_path_mtu);
 } mrc_path_mtu SEC(".maps");
@@ -137,7 +138,7 @@ static __always_inline __u32 pmtu_overlay(__u32 peer_idx, __u32 n_paths, __u64 n
 {
 	struct pmtu_walk w = { .now = now, .peer_idx = peer_idx };
 
-	bpf_loop(n_paths < MRC_MAX_PATHS ? n_paths : MRC_MAX_PATHS,
+	bpf_loop(n_paths < MRC_STRIDE ? n_paths : MRC_STRIDE,
 		 pmtu_overlay_one, &w, 0);
 	return w.best;
 }
@@ -163,6 +164,45 @@ static __always_inline __u32 pmtu_csum(void *p, void *data_end)
 	return sum;
 }
 
+/* After room for our l3 + ICMP header was opened in front of the quoted
+ * packet: cut the frame to `quote` bytes of it (fewer if it is shorter)
+ * and make it linear. Returns the quote's length, or -1. */
+static __always_inline int pmtu_trim(struct __sk_buff *skb, __u32 l3, __u32 quote)
+{
+	__u32 tot = l3 + sizeof(struct pmtu_icmp) + quote;
+
+	if (skb->len < ETH_HLEN + tot) {
+		tot = skb->len - ETH_HLEN;
+		quote = tot - l3 - sizeof(struct pmtu_icmp);
+	}
+	if (bpf_skb_change_tail(skb, ETH_HLEN + tot, 0) || bpf_skb_pull_data(skb, ETH_HLEN + tot))
+		return -1;
+	return quote;
+}
+
+/* Back to the device it came from: the sender's own MAC becomes the
+ * destination, so the stack takes the frame as addressed to it. */
+static __always_inline void pmtu_turn_eth(struct ethhdr *eth, __u16 proto)
+{
+	__u8 mac[ETH_ALEN];
+
+	__builtin_memcpy(mac, eth->h_dest, ETH_ALEN);
+	__builtin_memcpy(eth->h_dest, eth->h_source, ETH_ALEN);
+	__builtin_memcpy(eth->h_source, mac, ETH_ALEN);
+	eth->h_proto = bpf_htons(proto);
+}
+
+/* The ICMP checksum: the message (the frame ends with the quote) and the
+ * pseudo-header's sum (0 for ICMPv4). */
+static __always_inline void pmtu_csum_set(struct pmtu_icmp *ic, void *data_end, __u32 sum)
+{
+	ic->checksum = 0;
+	sum += pmtu_csum(ic, data_end);
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	ic->checksum = ~sum & 0xffff;
+}
+
 /*
  * Turn the inner packet (Ethernet + IPv4, not yet encapsulated) into an
  * ICMP "fragmentation needed" with next-hop MTU `mtu`, from the inner
@@ -180,9 +220,8 @@ static __always_inline int tx_icmp_too_big(struct __sk_buff *skb, __u32 mtu)
 	struct ethhdr *eth;
 	struct iphdr *oip, *qip;
 	struct pmtu_icmp *ic;
-	__u8 mac[ETH_ALEN];
-	__u32 ihl, quote, tot, sum;
 	__be32 saddr, daddr;
+	int ihl, quote;
 
 	if (bpf_skb_adjust_room(skb, sizeof(struct iphdr) + sizeof(struct pmtu_icmp),
 				BPF_ADJ_ROOM_MAC, BPF_F_ADJ_ROOM_FIXED_GSO))
@@ -193,17 +232,10 @@ static __always_inline int tx_icmp_too_big(struct __sk_buff *skb, __u32 mtu)
 	if ((void *)(qip + 1) > data_end)
 		return -1;
 	ihl = qip->ihl * 4;
-	if (ihl < sizeof(*qip) || ihl > 60)
+	if (ihl < (int)sizeof(*qip) || ihl > 60)
 		return -1;
-	quote = ihl + PMTU_QUOTE_L4;
-	tot = sizeof(*oip) + sizeof(*ic) + quote;
-	if (skb->len < ETH_HLEN + tot) {
-		tot = skb->len - ETH_HLEN;
-		quote = tot - sizeof(*oip) - sizeof(*ic);
-	}
-	if (bpf_skb_change_tail(skb, ETH_HLEN + tot, 0))
-		return -1;
-	if (bpf_skb_pull_data(skb, ETH_HLEN + tot))
+	quote = pmtu_trim(skb, sizeof(*oip), ihl + PMTU_QUOTE_L4);
+	if (quote < 0)
 		return -1;
 
 	data = (void *)(long)skb->data;
@@ -214,19 +246,14 @@ static __always_inline int tx_icmp_too_big(struct __sk_buff *skb, __u32 mtu)
 	qip = (void *)(ic + 1);
 	if ((void *)(qip + 1) > data_end)
 		return -1;
-	/* Back to the device it came from: the sender's own MAC becomes the
-	 * destination, so the stack takes the frame as addressed to it. */
-	__builtin_memcpy(mac, eth->h_dest, ETH_ALEN);
-	__builtin_memcpy(eth->h_dest, eth->h_source, ETH_ALEN);
-	__builtin_memcpy(eth->h_source, mac, ETH_ALEN);
-	eth->h_proto = bpf_htons(ETH_P_IP);
+	pmtu_turn_eth(eth, ETH_P_IP);
 	saddr = qip->daddr;
 	daddr = qip->saddr;
 
 	oip->version = 4;
 	oip->ihl = IPV4_MIN_IHL;
 	oip->tos = 0xc0;	/* internetwork control, as the kernel's ICMP */
-	oip->tot_len = bpf_htons((__u16)tot);
+	oip->tot_len = bpf_htons((__u16)(sizeof(*oip) + sizeof(*ic) + quote));
 	oip->id = 0;
 	oip->frag_off = 0;
 	oip->ttl = MRC_TTL;
@@ -237,14 +264,71 @@ static __always_inline int tx_icmp_too_big(struct __sk_buff *skb, __u32 mtu)
 
 	ic->type = ICMP_DEST_UNREACH;
 	ic->code = ICMP_FRAG_NEEDED;
-	ic->checksum = 0;
 	ic->v4.unused = 0;
 	ic->v4.mtu = bpf_htons((__u16)mtu);
-	/* the frame ends with the quote (trimmed and pulled above) */
-	sum = pmtu_csum(ic, data_end);
-	sum = (sum & 0xffff) + (sum >> 16);
-	sum = (sum & 0xffff) + (sum >> 16);
-	ic->checksum = ~sum & 0xffff;
+	pmtu_csum_set(ic, data_end, 0);
+	return 0;
+}
+
+/*
+ * The same for an inner IPv6 packet: an ICMPv6 "packet too big" (RFC 4443
+ * type 2) with MTU `mtu`, quoting the IPv6 header and PMTU_QUOTE_L4 bytes
+ * behind it, its checksum over the IPv6 pseudo-header too. A sender's
+ * stack never lowers its path MTU below 1280 (IPv6's minimum link MTU):
+ * a smaller `mtu` makes it send 1280-byte packets, which such a path drops
+ * again (tx_too_big once more). -1 on failure (the caller drops).
+ */
+static __always_inline int tx_icmp6_too_big(struct __sk_buff *skb, __u32 mtu)
+{
+	void *data, *data_end;
+	struct ethhdr *eth;
+	struct ipv6hdr *oip, *qip;
+	struct pmtu_icmp *ic;
+	struct in6_addr saddr, daddr;
+	__u32 sum = 0, i;
+	__u16 *w;
+	int quote;
+
+	if (bpf_skb_adjust_room(skb, sizeof(struct ipv6hdr) + sizeof(struct pmtu_icmp),
+				BPF_ADJ_ROOM_MAC, BPF_F_ADJ_ROOM_FIXED_GSO))
+		return -1;
+	quote = pmtu_trim(skb, sizeof(*oip), sizeof(*qip) + PMTU_QUOTE_L4);
+	if (quote < 0)
+		return -1;
+
+	data = (void *)(long)skb->data;
+	data_end = (void *)(long)skb->data_end;
+	eth = data;
+	oip = (void *)(eth + 1);
+	ic = (void *)(oip + 1);
+	qip = (void *)(ic + 1);
+	if ((void *)(qip + 1) > data_end)
+		return -1;
+	pmtu_turn_eth(eth, ETH_P_IPV6);
+	saddr = qip->daddr;
+	daddr = qip->saddr;
+
+	oip->version = 6;
+	oip->priority = 0;
+	oip->flow_lbl[0] = 0;
+	oip->flow_lbl[1] = 0;
+	oip->flow_lbl[2] = 0;
+	oip->payload_len = bpf_htons((__u16)(sizeof(*ic) + quote));
+	oip->nexthdr = IPPROTO_ICMPV6;
+	oip->hop_limit = MRC_TTL;
+	oip->saddr = saddr;
+	oip->daddr = daddr;
+
+	ic->type = ICMP6_PKT_TOO_BIG;
+	ic->code = 0;
+	ic->mtu6 = bpf_htonl(mtu);
+	/* the pseudo-header: both addresses, the upper-layer length and next
+	 * header, as raw 16-bit words like pmtu_csum's */
+	w = (__u16 *)&oip->saddr;
+	for (i = 0; i < 16; i++)
+		sum += w[i];
+	sum += bpf_htons((__u16)(sizeof(*ic) + quote)) + bpf_htons(IPPROTO_ICMPV6);
+	pmtu_csum_set(ic, data_end, sum);
 	return 0;
 }
 
@@ -324,7 +408,7 @@ static __always_inline __u32 pmtu_rx_icmp(const struct mrc_frame *f, void *data_
 	peer = peer_get(pidx);
 	seq = peer_seq(pidx);
 	pid = bpf_ntohs(mh->path_id);
-	if (!peer || !seq || pid >= peer->n_paths || pid >= MRC_MAX_PATHS)
+	if (!peer || !seq || pid >= peer->n_paths || pid >= MRC_STRIDE)
 		return RX_V(RX_DROP, MRC_R_RX_PMTU_BAD);
 	p = path_cfg(pidx, pid);
 	if (!p || p->plane != plane || p->family != q.family ||

@@ -16,10 +16,14 @@
 #include "path.h"
 
 /* Outstanding probes per path, see struct mrc_probe_nonce. Writer: agent
- * (health) only. */
+ * (health) only. The agent probes only paths in use or out of service, so
+ * most paths of thousands of idle peers never have an entry: a hash
+ * without preallocation (96 bytes per path preallocated: 12 MiB at 4,096
+ * peers x 32 paths); no entry means no probe outstanding. */
 struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, MRC_N_PATH_ENTRIES);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, __u32);
 	__type(value, struct mrc_probe_nonce);
 } mrc_probe_nonce SEC(".maps");
@@ -53,7 +57,7 @@ static __always_inline bool probe_reply_genuine(__u32 peer_idx, __u32 path_id,
 /* Writer: mrc_rx (probe.h) only. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, MRC_MAX_PEERS * MRC_MAX_PLANES);
+	__uint(max_entries, MRC_N_PEER_ENTRIES * MRC_MAX_PLANES);
 	__type(key, __u32);
 	__type(value, __u64);
 } mrc_probe_rl SEC(".maps");

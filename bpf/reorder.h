@@ -35,21 +35,27 @@
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
 #include "mrc.h"
+#include "sizing.h"
+#include "stats.h"
 
 /* Window per peer, shared by all CPUs (PSNs of one peer arrive on every
- * CPU). Writer: mrc_rx (reorder.h) only. */
+ * CPU). Writer: mrc_rx (reorder.h) only. Made by the peer's first packet
+ * (a hash without preallocation: peers that never send cost nothing). */
 struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, MRC_MAX_PEERS);
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MRC_N_PEER_ENTRIES);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, __u32);
 	__type(value, struct mrc_rx_win);
 } mrc_rx_win SEC(".maps");
+
+static struct mrc_rx_win ro_empty;
 
 /* Per-CPU reorder/loss counters and histogram per peer. Writer: mrc_rx
  * (reorder.h) only. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, MRC_MAX_PEERS);
+	__uint(max_entries, MRC_N_PEER_ENTRIES);
 	__type(key, __u32);
 	__type(value, struct mrc_reorder);
 } mrc_reorder SEC(".maps");
@@ -127,15 +133,14 @@ static __always_inline __u64 ro_advance(struct mrc_rx_win *w, __u32 old, __u32 n
 	return lost;
 }
 
-static __always_inline void ro_ooo(struct mrc_reorder *ro, struct mrc_path_stats *st,
+static __always_inline void ro_ooo(struct mrc_reorder *ro, __u32 peer_idx, __u32 path_id,
 				   __u32 dist)
 {
 	__u32 b = ro_log2(dist);
 
 	ro->ooo += 1;
-	st->rx_ooo += 1;
+	PCNT_INC(peer_idx, path_id, rx_ooo, 1);
 	ro->hist[b < MRC_HIST_BUCKETS ? b : MRC_HIST_BUCKETS - 1] += 1;
-	st->rx_ooo_hist[b < MRC_PATH_HIST ? b : MRC_PATH_HIST - 1] += 1;
 }
 
 /* How far a wire PSN lies above the highest seen (0 if not above, or no
@@ -152,12 +157,10 @@ static __always_inline __u32 reorder_ahead(__u32 peer_idx, __u32 psn)
 }
 
 /*
- * Account one received wire PSN of peer peer_idx on the path whose per-CPU
- * counters are st. Keeps seq->rx_psn_max (the status view of the highest
- * PSN) in step.
+ * Account one received wire PSN of peer peer_idx on path path_id. Keeps
+ * seq->rx_psn_max (the status view of the highest PSN) in step.
  */
-static __always_inline int reorder_account(__u32 peer_idx, __u32 psn,
-					   struct mrc_path_stats *st,
+static __always_inline int reorder_account(__u32 peer_idx, __u32 path_id, __u32 psn,
 					   struct mrc_peer_seq *seq)
 {
 	struct mrc_rx_win *w = bpf_map_lookup_elem(&mrc_rx_win, &peer_idx);
@@ -166,6 +169,11 @@ static __always_inline int reorder_account(__u32 peer_idx, __u32 psn,
 	__u32 max, i;
 	__s32 d;
 
+	if (!w && ro && peer_idx < MRC_PEERS) {
+		/* the peer's first packet: an empty window (started 0) */
+		bpf_map_update_elem(&mrc_rx_win, &peer_idx, &ro_empty, BPF_NOEXIST);
+		w = bpf_map_lookup_elem(&mrc_rx_win, &peer_idx);
+	}
 	if (!w || !ro)
 		return RO_NEW;
 	ro->rx_packets += 1;
@@ -219,18 +227,18 @@ static __always_inline int reorder_account(__u32 peer_idx, __u32 psn,
 	/* Word granularity: the window is the 64 words up to the top's. */
 	if (d < 0 && (((max >> 6) - (psn >> 6)) & RO_WORD_MASK) >= MRC_WIN_WORDS) {
 		ro->late += 1;
-		st->rx_late += 1;
+		PCNT_INC(peer_idx, path_id, rx_late, 1);
 		return RO_LATE;
 	}
 	bit = 1ULL << (psn & 63);
 	old = __sync_fetch_and_or(&w->bits[(psn >> 6) & (MRC_WIN_WORDS - 1)], bit);
 	if (old & bit) {
 		ro->dup += 1;
-		st->rx_dup += 1;
+		PCNT_INC(peer_idx, path_id, rx_dup, 1);
 		return RO_DUP;
 	}
 	if (d < 0)
-		ro_ooo(ro, st, (__u32)-d);
+		ro_ooo(ro, peer_idx, path_id, (__u32)-d);
 	return RO_NEW;
 }
 

@@ -17,30 +17,36 @@
 #include <stdbool.h>
 #include <linux/bpf.h>
 #include <linux/ip.h>
-#include <linux/tcp.h>
 #include <bpf/bpf_helpers.h>
 #include "mrc.h"
+#include "sizing.h"
 #include "stats.h"
+#include "parsing.h"
 
 #define RETX_HASH_MUL	0x9E3779B1u	/* golden ratio: Fibonacci hashing */
 #define RETX_HASH_SHIFT	26		/* top 6 bits pick one of MRC_TX_FLOWS */
+#define RETX_V6_SALT	0x5bd1e995u	/* inner IPv6 flows (murmur2's constant) */
 
 /* Per peer: flow hash << 32 | end of the highest sequence sent. Writer:
  * mrc_tx (retx.h) only. TCP sends a flow from one CPU at a time (socket
  * lock), so plain stores suffice; a slot two flows share only costs a
- * misjudged unit. */
+ * misjudged unit. Made by the first TCP unit toward the peer (a hash
+ * without preallocation: idle peers cost nothing). */
 struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, MRC_MAX_PEERS);
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, MRC_N_PEER_ENTRIES);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, __u32);
 	__type(value, struct mrc_tx_flows);
 } mrc_tx_flows SEC(".maps");
 
+static struct mrc_tx_flows retx_empty;
+
 /* Is this TCP unit (payload [seq, seq + len)) a retransmission? Records
- * the new high otherwise. */
-static __always_inline bool retx_check(__u32 peer_idx, const struct iphdr *iph,
-				       const struct tcphdr *th, __u32 seq,
-				       __u32 len)
+ * the new high otherwise. The flow is its addresses (IPv6: folded,
+ * l3_fold) and ports. */
+static __always_inline bool retx_check(__u32 peer_idx, const struct l3_flow *fl,
+				       __u32 seq, __u32 len)
 {
 	struct mrc_tx_flows *f;
 	__u32 h, end = seq + len;
@@ -49,10 +55,18 @@ static __always_inline bool retx_check(__u32 peer_idx, const struct iphdr *iph,
 	if (len == 0)
 		return false;
 	f = bpf_map_lookup_elem(&mrc_tx_flows, &peer_idx);
+	if (!f && peer_idx < MRC_PEERS) {
+		bpf_map_update_elem(&mrc_tx_flows, &peer_idx, &retx_empty, BPF_NOEXIST);
+		f = bpf_map_lookup_elem(&mrc_tx_flows, &peer_idx);
+	}
 	if (!f)
 		return false;
-	h = (iph->saddr ^ iph->daddr ^ ((__u32)th->source << 16 | th->dest)) *
-	    RETX_HASH_MUL;
+	/* (source << 16 | dest) of the raw network-order ports, as loaded;
+	 * the salt keeps an IPv6 flow off an IPv4 one whose addresses xor to
+	 * the same (fd99::1 / fd99::2 and 10.99.0.1 / 10.99.0.2 do) */
+	h = (l3_fold(fl->saddr) ^ l3_fold(fl->daddr) ^
+	     ((fl->ports & 0xffff) << 16 | fl->ports >> 16) ^
+	     (fl->family == 6 ? RETX_V6_SALT : 0)) * RETX_HASH_MUL;
 	slot = &f->hi[(h >> RETX_HASH_SHIFT) & (MRC_TX_FLOWS - 1)];
 	v = *slot;
 	if ((__u32)(v >> 32) == h && (__s32)(end - (__u32)v) <= 0)

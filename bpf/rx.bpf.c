@@ -41,7 +41,6 @@
 static __always_inline __u32 rx_probe_reply(const struct mrc_config *cfg,
 					    __u32 peer_idx, __u32 path_id,
 					    struct mrc_path_live *live,
-					    struct mrc_path_stats *st,
 					    const struct mrc_hdr *mh)
 {
 	__u64 now;
@@ -54,37 +53,101 @@ static __always_inline __u32 rx_probe_reply(const struct mrc_config *cfg,
 	now_us = (__u32)(now / 1000);
 	evidence_probe_reply(cfg, peer_idx, path_id, live, bpf_ntohl(mh->psn),
 			     now_us - bpf_ntohl(mh->tx_ts), now);
-	st->probes_rx += 1;
+	PCNT_INC(peer_idx, path_id, probes_rx, 1);
 	return RX_V(RX_DROP, MRC_R_RX_PROBE_REPLY);
 }
 
+/* The inner packet of a DATA frame as the rest of rx_process uses it:
+ * scalars, read once right after the parse. Family-dependent packet
+ * pointers kept through the rest of the program multiplied the verifier's
+ * states (mrc_rx_tc went from 107k to 166k verified instructions). */
+struct rx_inner {
+	struct l3_flow	fl;	/* addresses, protocol, ports: owner check, MAC */
+	__u32	tcp_seq;	/* inner TCP sequence number (host order), if seq_ok */
+	__u32	tcp_end;	/* bytes from data to the end of the inner TCP
+				 * header; 0: no whole TCP header in the frame */
+	__u16	ipid;		/* inner IPv4 ID (host order); 0 for IPv6 */
+	__u8	tos;		/* inner traffic class: DSCP << 2 | ECN */
+	__u8	seq_ok;		/* inner TCP with its sequence number in the frame */
+};
+
+static __always_inline void rx_inner_of(const struct l3_desc *in, void *data, void *data_end,
+					struct rx_inner *ri)
+{
+	struct tcphdr *tcph = in->l4;
+
+	l3_flow_of(in, data_end, &ri->fl);
+	ri->tos = in->tos;
+	ri->ipid = in->family == 4 ? bpf_ntohs(in->ip4->id) : 0;
+	ri->tcp_seq = 0;
+	ri->tcp_end = 0;
+	ri->seq_ok = 0;
+	if (in->proto != IPPROTO_TCP)
+		return;
+	if ((void *)tcph + 8 <= data_end) {
+		ri->tcp_seq = bpf_ntohl(tcph->seq);
+		ri->seq_ok = 1;
+	}
+	if ((void *)(tcph + 1) <= data_end)
+		ri->tcp_end = (void *)tcph - data + tcph->doff * 4;
+}
+
+/* The inner packet at offset off of the frame (behind the MRC header and
+ * the MAC the frame says it has), IPv4 or IPv6 by its version nibble, into
+ * ri; 1 if it is either, else 0. Global functions, one per hook (a global
+ * takes the context, not packet pointers), so the verifier walks the two
+ * families' parsing once, not once per state of the receive path around it. */
+#define RX_INNER_OFF_MAX	256	/* bounds off for the verifier: the outer
+					 * headers and a MAC are far less */
+static __always_inline int rx_inner_parse(void *data, void *data_end, __u32 off,
+					  struct rx_inner *ri)
+{
+	struct hdr_cursor nh;
+	struct l3_desc in;
+
+	if (!ri || off > RX_INNER_OFF_MAX)
+		return 0;
+	nh.pos = data + off;
+	if (parse_l3(&nh, data_end, l3_inner_proto(nh.pos, data_end),
+		     L3_F_IPV4 | L3_F_IPV6, &in) != L3_OK)
+		return 0;
+	rx_inner_of(&in, data, data_end, ri);
+	return 1;
+}
+
+__attribute__((noinline)) int rx_inner_xdp(struct xdp_md *ctx, __u32 off, struct rx_inner *ri)
+{
+	return rx_inner_parse((void *)(long)ctx->data, (void *)(long)ctx->data_end, off, ri);
+}
+
+__attribute__((noinline)) int rx_inner_tc(struct __sk_buff *skb, __u32 off, struct rx_inner *ri)
+{
+	return rx_inner_parse((void *)(long)skb->data, (void *)(long)skb->data_end, off, ri);
+}
+
 /* Wire PSN of this segment: the unit's PSN plus the segment's index,
- * recovered from the inner TCP sequence number, or for a non-TCP unit
- * (UDP GSO: no offset in the datagrams) from the inner IPv4 ID, which GSO
- * advances by one per segment. */
-static __always_inline __u32 rx_wire_psn(const struct mrc_hdr *mh,
-					 const struct l3_desc *in, void *data_end)
+ * recovered from the inner TCP sequence number (IPv4 or IPv6), or for a
+ * non-TCP unit (UDP GSO: no offset in the datagrams) from the inner IPv4
+ * ID, which GSO advances by one per segment (an IPv6 one is sent as one
+ * PSN, segs 1: mrc.h). */
+static __always_inline __u32 rx_wire_psn(const struct mrc_hdr *mh, const struct rx_inner *ri)
 {
 	__u32 psn = bpf_ntohl(mh->psn), segs = bpf_ntohs(mh->segs);
 
 	if (segs <= 1)
 		return psn;
 	if (mh->flags & MRC_F_IPID) {
-		__u16 i = bpf_ntohs(in->ip4->id) - (__u16)bpf_ntohl(mh->seq0);
+		__u16 i = ri->ipid - (__u16)bpf_ntohl(mh->seq0);
 
 		/* garbage beyond the unit: leave the unit's PSN */
-		if (in->family == 4 && i < segs)
+		if (ri->fl.family == 4 && i < segs)
 			psn += i;
-	} else if (bpf_ntohs(mh->seg_size) > 0 && in->proto == IPPROTO_TCP) {
-		struct tcphdr *tcph = in->l4;
+	} else if (bpf_ntohs(mh->seg_size) > 0 && ri->seq_ok) {
+		__u32 off = ri->tcp_seq - bpf_ntohl(mh->seq0);
+		__u32 i = off / bpf_ntohs(mh->seg_size);
 
-		if ((void *)tcph + 8 <= data_end) {
-			__u32 off = bpf_ntohl(tcph->seq) - bpf_ntohl(mh->seq0);
-			__u32 i = off / bpf_ntohs(mh->seg_size);
-
-			if (i < segs)
-				psn += i;
-		}
+		if (i < segs)
+			psn += i;
 	}
 	return psn;
 }
@@ -107,7 +170,7 @@ static long rx_seg_account(__u64 i, void *ctx)
 
 	if (!st)
 		return 1;
-	reorder_account(r->peer_idx, r->psn + (__u32)i, st, peer_seq(r->peer_idx));
+	reorder_account(r->peer_idx, r->path_id, r->psn + (__u32)i, peer_seq(r->peer_idx));
 	if (r->hedged && dedup_seen(r->peer_idx, r->psn + (__u32)i))
 		r->dups += 1;
 	return 0;
@@ -153,7 +216,7 @@ __attribute__((noinline)) int rx_account(__u32 peer_idx, __u32 path_id, __u32 ps
 		if (mark && r.dups == n)
 			return RX_ACC_DUP;
 	} else {
-		reorder_account(peer_idx, psn, st, peer_seq(peer_idx));
+		reorder_account(peer_idx, path_id, psn, peer_seq(peer_idx));
 		if (mark && dedup_seen(peer_idx, psn))
 			return RX_ACC_DUP;
 	}
@@ -173,18 +236,14 @@ __attribute__((noinline)) int rx_echo(__u32 peer_idx, __u32 fb, __u32 fb_ts, __u
 /* How many wire segments a buffer of inner TCP holds: its payload in
  * seg_size pieces, never more than the unit has left from index first. */
 static __always_inline __u32 rx_seg_count(const struct mrc_hdr *mh,
-					  const struct l3_desc *in, void *data,
-					  void *data_end, __u32 len, __u32 first,
+					  const struct rx_inner *ri, __u32 len, __u32 first,
 					  __u32 *hdrs_out)
 {
-	struct tcphdr *tcph = in->l4;
-	__u32 hdrs, payload, n, segs = bpf_ntohs(mh->segs);
+	__u32 hdrs = ri->tcp_end, payload, n, segs = bpf_ntohs(mh->segs);
 	__u16 seg_size = bpf_ntohs(mh->seg_size);
 
-	if (segs <= 1 || !seg_size || in->proto != IPPROTO_TCP ||
-	    (void *)(tcph + 1) > data_end || first >= segs)
+	if (segs <= 1 || !seg_size || !hdrs || first >= segs)
 		return 1;
-	hdrs = (void *)tcph - data + tcph->doff * 4;
 	if (len <= hdrs)
 		return 1;
 	payload = len - hdrs;
@@ -195,13 +254,25 @@ static __always_inline __u32 rx_seg_count(const struct mrc_hdr *mh,
 	return n ? n : 1;
 }
 
-/* len: the frame's bytes (a tc skb's may lie beyond data_end); multi: the
- * buffer may hold several wire segments of one unit (a GSO skb; constant
- * false for XDP, which then carries none of that code). */
-static __always_inline __u32 rx_process(void *data, void *data_end, __u32 ifindex,
-					__u32 len, bool multi, struct mrc_frame *f)
+/* RFC 6040's ECN into the inner header at ip (IPv4 or IPv6: both write
+ * within its first 20 bytes). */
+static __always_inline void rx_ecn_set(void *ip, void *data_end, const struct rx_inner *ri,
+				       __u8 ecn)
 {
-	struct hdr_cursor nh;
+	struct l3_desc d = { .hdr = ip, .family = ri->fl.family, .tos = ri->tos };
+
+	if (ip + sizeof(struct iphdr) <= data_end)
+		ecn_set(&d, ecn);
+}
+
+/* ctx: the hook's context (tc: an skb, else XDP's); len: the frame's
+ * bytes (a tc skb's may lie beyond data_end); multi: the
+ * buffer may hold several wire segments of one unit (a GSO skb; constant
+ * false for XDP, which then carries none of that code); tc: also that the
+ * exit can send a feedback frame besides delivering (XDP cannot). */
+static __always_inline __u32 rx_process(void *ctx, bool tc, void *data, void *data_end,
+					__u32 ifindex, __u32 len, bool multi, struct mrc_frame *f)
+{
 	struct mrc_config *cfg;
 	struct mrc_peer *peer;
 	struct mrc_path_live *live;
@@ -213,10 +284,16 @@ static __always_inline __u32 rx_process(void *data, void *data_end, __u32 ifinde
 	__u32 n = 1, hdrs = 0;
 	int ecn, acc;
 	__u64 now = 0;
-	bool receipt;
+	bool receipt, inner_ok = false;
+	struct rx_inner ri;
 
 	f->auth = NULL;
 	f->mac_len = 0;
+	/* all of them: the compiler keeps f in registers, and one left
+	 * undefined on some path is a register the verifier refuses */
+	f->fb_due = false;
+	f->fb_peer = 0;
+	f->fb_path = 0;
 	f->len = len;
 	cfg = cfg_get();
 	if (!cfg)
@@ -234,10 +311,24 @@ static __always_inline __u32 rx_process(void *data, void *data_end, __u32 ifinde
 		return v;
 	mh = f->mh;
 
+	/* DATA: the inner packet, IPv4 or IPv6 by its version nibble, parsed
+	 * once for the MAC and everything after it (behind the MAC if the
+	 * frame says it has one: auth_verify refuses it otherwise). A bad one
+	 * is refused below, after the checks that come first. */
+	f->inner_family = 4;
+	if (type == MRC_T_DATA) {
+		__u32 off = (void *)(mh + 1) - data +
+			    ((mh->flags & MRC_F_AUTH) ? MRC_AUTH_LEN : 0);
+
+		inner_ok = tc ? rx_inner_tc(ctx, off, &ri) == 1 : rx_inner_xdp(ctx, off, &ri) == 1;
+		if (inner_ok)
+			f->inner_family = ri.fl.family;
+	}
+
 	/* Auth before anything uses the header: a probe is not turned around
 	 * and no state moves for a frame without the peer's MAC (auth.h). */
-	v = auth_verify(mh, data_end, bpf_ntohs(f->udp->len), peer_idx, type,
-			&f->auth);
+	v = auth_verify(mh, data_end, bpf_ntohs(f->udp->len), peer_idx,
+			inner_ok ? &ri.fl : NULL, &f->auth);
 	if (v)
 		return RX_V(RX_DROP, v);
 	f->mac_len = f->auth ? MRC_AUTH_LEN : 0;
@@ -249,13 +340,13 @@ static __always_inline __u32 rx_process(void *data, void *data_end, __u32 ifinde
 			return RX_V(RX_DROP, MRC_R_RX_PROBE_LIMITED);
 		return RX_V(RX_TURN_AROUND, MRC_R_RX_PROBE_REPLIED);
 	}
-	if (type != MRC_T_DATA && type != MRC_T_PROBE_REPLY)
+	if (type != MRC_T_DATA && type != MRC_T_PROBE_REPLY && type != MRC_T_FEEDBACK)
 		return RX_V(RX_DROP, MRC_R_RX_BAD_TYPE);
 
 	/* DATA: path_id names the sender's path toward us (both ends are
 	 * configured with the same path list); PROBE_REPLY: our own path. */
 	path_id = bpf_ntohs(mh->path_id);
-	if (path_id >= peer->n_paths || path_id >= MRC_MAX_PATHS)
+	if (path_id >= peer->n_paths || path_id >= MRC_STRIDE)
 		return RX_V(RX_DROP, MRC_R_RX_UNKNOWN_PATH);
 	live = path_live(peer_idx, path_id);
 	st = path_stats(peer_idx, path_id);
@@ -268,22 +359,27 @@ static __always_inline __u32 rx_process(void *data, void *data_end, __u32 ifinde
 		return RX_V(RX_DROP, MRC_R_RX_WRONG_PLANE);
 
 	if (type == MRC_T_PROBE_REPLY)
-		return rx_probe_reply(cfg, peer_idx, path_id, live, st, mh);
+		return rx_probe_reply(cfg, peer_idx, path_id, live, mh);
+	/* A feedback frame (the peer has no data for us to carry echoes):
+	 * evidence for our path fb_path, as an echo in DATA would be. */
+	if (type == MRC_T_FEEDBACK) {
+		if (mh->flags & MRC_F_FEEDBACK)
+			rx_echo(peer_idx, bpf_ntohs(mh->fb_path), bpf_ntohl(mh->fb_ts),
+				bpf_ktime_get_ns());
+		return RX_V(RX_DROP, MRC_R_RX_FEEDBACK);
+	}
 
-	/* DATA. The inner packet must be IPv4 (inner IPv6: parsing.h, and a
-	 * family-keyed owner map). */
-	nh.pos = (void *)(mh + 1) + (f->mac_len & MRC_AUTH_LEN);
-	if (parse_l3(&nh, data_end, bpf_htons(ETH_P_IP), L3_F_IPV4, &f->inner) != L3_OK)
+	/* DATA. The inner packet (parsed above) is IPv4 or IPv6, bound to
+	 * the peer: its own inner source, our inner destination, before the
+	 * frame changes any state. */
+	if (!inner_ok)
 		return RX_V(RX_DROP, MRC_R_RX_BAD_INNER);
-	/* Bound to the peer: its own inner source, our inner destination,
-	 * before the frame changes any state. */
-	v = rx_inner_bound(&f->inner, peer_idx);
+	v = rx_inner_bound(&ri.fl, peer_idx);
 	if (v != RX_CONTINUE_V)
 		return v;
-	psn = rx_wire_psn(mh, &f->inner, data_end);
+	psn = rx_wire_psn(mh, &ri);
 	if (multi) {
-		n = rx_seg_count(mh, &f->inner, data, data_end, len,
-				 psn - bpf_ntohl(mh->psn), &hdrs);
+		n = rx_seg_count(mh, &ri, len, psn - bpf_ntohl(mh->psn), &hdrs);
 		if (n > 1) {
 			struct mrc_hstats *hs = health_stats();
 
@@ -308,8 +404,19 @@ static __always_inline __u32 rx_process(void *data, void *data_end, __u32 ifinde
 
 	/* Feedback: the peer tells us one of OUR paths delivered a packet
 	 * we sent at fb_ts. */
-	if (receipt && (mh->flags & MRC_F_FEEDBACK))
+	if (receipt && (mh->flags & MRC_F_FEEDBACK)) {
 		rx_echo(peer_idx, bpf_ntohs(mh->fb_path), bpf_ntohl(mh->fb_ts), now);
+		cong_echoed(peer_idx, bpf_ntohs(mh->fb_path), bpf_ntohl(mh->fb_ts),
+			    mh->flags & MRC_F_ECE, cfg->cong_hold_us, now);
+	}
+	/* No reverse data echoed this path lately: a feedback frame of our
+	 * own (tc only, one wire segment: a clone of a GSO skb would carry
+	 * the whole unit back). */
+	if (tc && receipt && n == 1 && feedback_due(cfg, live, now)) {
+		f->fb_due = true;
+		f->fb_peer = peer_idx;
+		f->fb_path = path_id;
+	}
 
 	/* The second copy of a hedged unit's packet goes no further; it
 	 * still counted as evidence above. */
@@ -319,13 +426,15 @@ static __always_inline __u32 rx_process(void *data, void *data_end, __u32 ifinde
 		done = MRC_R_RX_HEDGE_AHEAD;
 
 	/* ECN: the fabric's CE reaches the inner packet (bpf/ecn.h). */
-	ecn = ecn_decap(f->l3.tos, f->inner.tos);
-	if ((f->l3.tos & IP_ECN_MASK) == ECN_CE)
-		st->rx_ce += 1;
+	ecn = ecn_decap(f->l3.tos, ri.tos);
+	if ((f->l3.tos & IP_ECN_MASK) == ECN_CE) {
+		PCNT_INC(peer_idx, path_id, rx_ce, 1);
+		cong_rx_ce(peer_idx, path_id, now ? now : bpf_ktime_get_ns());
+	}
 	if (ecn < 0)
 		return RX_V(RX_DROP, MRC_R_RX_ECN_NOT_ECT);
-	if (ecn != (f->inner.tos & IP_ECN_MASK))
-		ecn_set(&f->inner, ecn);
+	if (ecn != (ri.tos & IP_ECN_MASK))
+		rx_ecn_set((void *)(mh + 1) + (f->mac_len & MRC_AUTH_LEN), data_end, &ri, ecn);
 	return RX_V(RX_DELIVER, done);
 }
 
@@ -347,19 +456,17 @@ static __always_inline int rx_exit(struct xdp_md *ctx, struct mrc_frame *f, __u3
 		/* a priority tag goes with the outer headers */
 		if (decap_xdp(ctx, f->l2_len - ETH_HLEN + f->l3.hdr_len +
 				   sizeof(struct udphdr) + sizeof(struct mrc_hdr) + f->mac_len,
-			      l3_ethertype(&f->inner))) {
+			      f->inner_family == 6 ? ETH_P_IPV6 : ETH_P_IP)) {
 			reason = MRC_R_RX_DECAP_FAIL;
 			ret = XDP_DROP;
 		}
 	} else if (action == RX_TURN_AROUND) {
-		struct mrc_auth_inner ai = {};
-
 		encap_turn_around(f);
 		ret = XDP_TX;
 		/* The reply's type is covered: sign it anew. auth_verify saw
 		 * the MAC in the frame, so this cannot fail. */
 		if (f->auth && auth_sign(f->mh, (void *)(long)ctx->data_end,
-					 f->auth, &ai))
+					 f->auth, NULL))
 			ret = XDP_DROP;
 	} else if (action == RX_DROP) {
 		ret = XDP_DROP;
@@ -381,7 +488,7 @@ int mrc_rx(struct xdp_md *ctx)
 	void *data_end = (void *)(long)ctx->data_end;
 	struct mrc_frame f;
 
-	return rx_exit(ctx, &f, rx_process(data, data_end, ctx->ingress_ifindex,
+	return rx_exit(ctx, &f, rx_process(ctx, false, data, data_end, ctx->ingress_ifindex,
 					   bpf_xdp_get_buff_len(ctx), false, &f));
 }
 
@@ -393,19 +500,22 @@ static __always_inline int rx_exit_tc(struct __sk_buff *skb, struct mrc_frame *f
 	__u32 action = RX_ACTION(v), reason = RX_REASON(v);
 	int ret = TC_ACT_OK;
 
-	if (action == RX_DELIVER) {
+	if (action == RX_DELIVER && f->fb_due &&
+	    feedback_send(skb, f->l2_len, f->l3.family, f->fb_peer, f->fb_path) == -2) {
+		reason = MRC_R_RX_DECAP_FAIL;
+		ret = TC_ACT_SHOT;
+	} else if (action == RX_DELIVER) {
 		if (decap_tc(skb, f->l2_len - ETH_HLEN + f->l3.hdr_len + sizeof(struct udphdr) +
-				  sizeof(struct mrc_hdr) + f->mac_len, l3_ethertype(&f->inner))) {
+				  sizeof(struct mrc_hdr) + f->mac_len,
+			      f->inner_family == 6 ? ETH_P_IPV6 : ETH_P_IP)) {
 			reason = MRC_R_RX_DECAP_FAIL;
 			ret = TC_ACT_SHOT;
 		}
 	} else if (action == RX_TURN_AROUND) {
-		struct mrc_auth_inner ai = {};
-
 		encap_turn_around(f);
 		ret = bpf_redirect(skb->ifindex, 0);
 		/* re-signed as in XDP's exit */
-		if (f->auth && auth_sign(f->mh, (void *)(long)skb->data_end, f->auth, &ai))
+		if (f->auth && auth_sign(f->mh, (void *)(long)skb->data_end, f->auth, NULL))
 			ret = TC_ACT_SHOT;
 	} else if (action == RX_DROP) {
 		ret = TC_ACT_SHOT;
@@ -435,7 +545,7 @@ int mrc_rx_tc(struct __sk_buff *skb)
 	/* A GSO skb is several wire segments: the sender's encap left
 	 * gso_size (FIXED_GSO) and reset gso_segs, so either marks one. A
 	 * plain skb is one wire segment, whatever its header claims. */
-	return rx_exit_tc(skb, &f, rx_process(data, data_end, skb->ifindex, skb->len,
+	return rx_exit_tc(skb, &f, rx_process(skb, true, data, data_end, skb->ifindex, skb->len,
 					      skb->gso_size || skb->gso_segs > 1, &f));
 }
 

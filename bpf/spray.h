@@ -22,6 +22,7 @@
 #include <linux/bpf.h>
 #include <linux/in.h>
 #include "mrc.h"
+#include "sizing.h"
 #include "parsing.h"
 
 /* Two slot tables per peer (peer * 2 + table). Writer: agent (mrcctl
@@ -29,14 +30,15 @@
  * spraying never sees a half-written table. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, MRC_MAX_PEERS * 2);
+	__uint(max_entries, MRC_N_PEER_ENTRIES * 2);
 	__type(key, __u32);
 	__type(value, struct mrc_slots);
 } mrc_slots SEC(".maps");
 
 /* Flowlet spraying: inner flow -> its current slot. LRU, so idle flows age
  * out without the control plane. Writer: mrc_tx (spray.h) only. */
-#define MRC_FLOWLETS		65536
+#define MRC_FLOWLETS		16384	/* flows in flowlet mode at once, all peers:
+					 * preallocated (LRU), 88 bytes each */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, MRC_FLOWLETS);
@@ -64,20 +66,14 @@ static __always_inline __u32 spray_mix(__u32 h)
 
 /* Hash of the inner flow: addresses, protocol and, for the first fragment
  * or an unfragmented TCP/UDP packet, the ports. Non-first fragments lack
- * ports and hash by addresses only, as routers do. Inner IPv4 only for now
- * (parsing.h): inner IPv6 would fold its addresses in here. */
-static __always_inline __u32 spray_flow_hash(const struct l3_desc *d, void *data_end)
+ * ports and hash by addresses only, as routers do. IPv6 addresses are
+ * folded to 32 bits (l3_fold). */
+static __always_inline __u32 spray_flow_hash(const struct l3_flow *fl)
 {
-	const struct iphdr *iph = d->ip4;
-	__u32 h = spray_mix(iph->saddr ^ spray_mix(iph->daddr ^ d->proto));
+	__u32 h = spray_mix(l3_fold(fl->saddr) ^ spray_mix(l3_fold(fl->daddr) ^ fl->proto));
 
-	if ((d->proto == IPPROTO_TCP || d->proto == IPPROTO_UDP) &&
-	    d->frag != L3_FRAG_LATER) {
-		__u32 *ports = d->l4;
-
-		if ((void *)(ports + 1) <= data_end)
-			h = spray_mix(h ^ *ports);
-	}
+	if (fl->has_ports)
+		h = spray_mix(h ^ fl->ports);
 	return h;
 }
 
@@ -102,8 +98,7 @@ static __always_inline struct mrc_slots *spray_table(__u32 peer_idx,
 static __always_inline __u32 spray_start(struct spray_state *sp,
 					 const struct mrc_peer *peer, __u32 peer_idx,
 					 struct mrc_peer_seq *seq,
-					 const struct l3_desc *d, void *data_end,
-					 __u32 n, __u64 now)
+					 const struct l3_flow *flow, __u32 n, __u64 now)
 {
 	struct mrc_flowlet_key key;
 	struct mrc_flowlet *fl;
@@ -111,14 +106,14 @@ static __always_inline __u32 spray_start(struct spray_state *sp,
 
 	sp->fl = NULL;
 	if (peer->spray_mode == MRC_SPRAY_HASH)
-		return spray_flow_hash(d, data_end) % n;
+		return spray_flow_hash(flow) % n;
 	if (peer->spray_mode != MRC_SPRAY_FLOWLET)
 		/* 32-bit modulo: cheaper than 64-bit; the wrap of the low word
 		 * costs at most one out-of-turn slot every 2^32 units. */
 		return (__u32)__sync_fetch_and_add(&seq->cursor, 1) % n;
 
 	key.peer = peer_idx;
-	key.hash = spray_flow_hash(d, data_end);
+	key.hash = spray_flow_hash(flow);
 	gap_ns = (__u64)(peer->flowlet_gap_us ? peer->flowlet_gap_us :
 						SPRAY_DEFAULT_GAP_US) * 1000;
 	fl = bpf_map_lookup_elem(&mrc_flowlets, &key);

@@ -28,6 +28,15 @@ struct {
 	__type(value, struct mrc_path_stats);
 } mrc_path_stats SEC(".maps");
 
+/* Per path, shared, atomic adds; writers per field in mrc.h struct
+ * mrc_path_cnt. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MRC_N_PATH_ENTRIES);
+	__type(key, __u32);
+	__type(value, struct mrc_path_cnt);
+} mrc_path_cnt SEC(".maps");
+
 /* Path health, [0] only; writers per field in mrc.h struct mrc_hstats. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -50,6 +59,21 @@ static __always_inline struct mrc_path_stats *path_stats(__u32 peer, __u32 path)
 {
 	return path_entry(&mrc_path_stats, peer, path);
 }
+
+/* The shared rare-event counters of a path, or NULL. */
+static __always_inline struct mrc_path_cnt *path_cnt(__u32 peer, __u32 path)
+{
+	return path_entry(&mrc_path_cnt, peer, path);
+}
+
+/* Bump one of them, e.g. PCNT_INC(peer, path, rx_ce). */
+#define PCNT_INC(peer, path, field, n)					\
+	do {								\
+		struct mrc_path_cnt *__pc = path_cnt(peer, path);	\
+									\
+		if (__pc)						\
+			__sync_fetch_and_add(&__pc->field, n);		\
+	} while (0)
 
 static __always_inline struct mrc_hstats *health_stats(void)
 {

@@ -2,7 +2,8 @@
 /*
  * mrc_tx: tc egress on the overlay device mrc0 (cls_bpf, direct-action).
  *
- * For each inner IPv4 packet to a known peer: pick a path from the peer's
+ * For each inner IPv4 or IPv6 packet to a known peer (its overlay address
+ * or a prefix behind it, by longest prefix: peer.h): pick a path from the peer's
  * spray slot table (spray.h, judged by judge.h), reserve PSNs for the unit,
  * encapsulate it in outer Ethernet + IPv4/IPv6 + UDP + MRC (encap.h) and
  * redirect it out of the path's plane device; a suspect path's unit is
@@ -14,7 +15,8 @@
  * every wire segment and fixes their lengths. The MRC header therefore
  * describes the whole unit (psn, segs, seg_size, seq0) and the receiver
  * derives each segment's PSN from its inner TCP sequence number (a UDP GSO
- * unit: from its inner IPv4 ID, MRC_F_IPID).
+ * unit: from its inner IPv4 ID, MRC_F_IPID; an inner IPv6 one has no ID and
+ * goes out as one PSN, see mrc.h).
  */
 #include <linux/bpf.h>
 #include <linux/pkt_cls.h>
@@ -34,7 +36,7 @@
 #include "pmtu.h"
 
 /* Bytes we want linear before parsing: inner Ethernet, IPv4 with maximal
- * options, and the first 20 bytes of TCP. */
+ * options (more than IPv6's 40 bytes), and the first 20 bytes of TCP. */
 #define TX_PULL_LEN		(ETH_HLEN + 60 + 20)
 
 /* When the chosen slot's path is unusable, try this many following slots. */
@@ -49,16 +51,80 @@ struct tx_out {
 	bool	neigh;		/* resolve the next hop (path_via_neigh) */
 };
 
+/* The inner packet as mrc_tx uses it: scalars only (tx_parse_inner). */
+struct tx_inner {
+	struct l3_flow	fl;
+	__u32	seq;		/* inner TCP: sequence number (host order) */
+	__s32	tcp_len;	/* inner TCP header bytes; 0: unfragmented TCP
+				 * whose header is cut short; -1: not TCP */
+	__u16	hdr_len;	/* inner L3 header */
+	__u16	ipid;		/* inner IPv4 ID (host order) */
+	__u8	tos;		/* traffic class: DSCP << 2 | ECN */
+	__u8	df;		/* may be answered with ICMP too-big: IPv4
+				 * with DF, IPv6 (never fragmented on the way) */
+	__u8	rsvd[2];
+};
+
+/*
+ * 1. Inner Ethernet + IPv4 / IPv6, parsed once into scalars. The receiver
+ * writes an untagged ethertype: a VLAN device on the overlay (tag in the
+ * frame or, offloaded, in the skb) would lose its tag on the way, so it is
+ * refused where it can be seen. Returns TX_SENT when the packet can be
+ * carried, else the reason. A global function: the verifier walks the two
+ * families' parsing once, not once per state of everything after it
+ * (inlined, the family-dependent packet pointers took mrc_tx from 120k to
+ * 650k verified instructions).
+ */
+__attribute__((noinline)) int tx_parse_inner(struct __sk_buff *skb, struct tx_inner *ti)
+{
+	void *data = (void *)(long)skb->data;
+	void *data_end = (void *)(long)skb->data_end;
+	struct hdr_cursor nh = { .pos = data };
+	struct ethhdr *eth;
+	struct tcphdr *tcph;
+	struct l3_desc in;
+	int proto, tcp_len;
+
+	if (!ti)
+		return MRC_R_TX_NOT_IPV4;
+	proto = parse_ethhdr(&nh, data_end, &eth);
+	if (proto == bpf_htons(ETH_P_8021Q) || proto == bpf_htons(ETH_P_8021AD) ||
+	    skb->vlan_present)
+		return MRC_R_TX_VLAN;
+	if (parse_l3(&nh, data_end, proto, L3_F_IPV4 | L3_F_IPV6 | L3_F_WHOLE, &in) != L3_OK)
+		return MRC_R_TX_NOT_IPV4;
+	l3_flow_of(&in, data_end, &ti->fl);
+	ti->hdr_len = in.hdr_len;
+	ti->tos = in.tos;
+	ti->tcp_len = -1;
+	ti->seq = 0;
+	ti->ipid = 0;
+	ti->df = 1;
+	if (in.family == 4) {
+		ti->ipid = bpf_ntohs(in.ip4->id);
+		ti->df = !!(in.ip4->frag_off & bpf_htons(IPV4_DF));
+	}
+	if (in.proto == IPPROTO_TCP && in.frag == L3_FRAG_NONE) {
+		tcp_len = parse_tcphdr(&nh, data_end, &tcph);
+		ti->tcp_len = 0;
+		if (tcp_len > 0) {
+			ti->tcp_len = tcp_len;
+			ti->seq = bpf_ntohl(tcph->seq);
+		}
+	}
+	return TX_SENT;
+}
+
 /* Inner L3 bytes of the unit's largest wire segment: what, plus the outer
  * headers, must fit the path MTU (pmtu.h). */
 static __always_inline __u32 tx_seg_l3(const struct __sk_buff *skb,
-				       const struct l3_desc *in, int tcp_len)
+				       const struct tx_inner *ti)
 {
 	if (skb->gso_size) {
-		if (tcp_len > 0)
-			return in->hdr_len + tcp_len + skb->gso_size;
-		if (in->proto == IPPROTO_UDP)
-			return in->hdr_len + sizeof(struct udphdr) + skb->gso_size;
+		if (ti->tcp_len > 0)
+			return ti->hdr_len + ti->tcp_len + skb->gso_size;
+		if (ti->fl.proto == IPPROTO_UDP)
+			return ti->hdr_len + sizeof(struct udphdr) + skb->gso_size;
 	}
 	return skb->len - ETH_HLEN;
 }
@@ -78,15 +144,30 @@ static __always_inline bool tx_fits(__u32 peer_idx, __u32 pid,
 static __always_inline __u32 tx_too_big(struct __sk_buff *skb,
 					const struct mrc_config *cfg,
 					__u32 peer_idx, __u32 n_paths, __u64 now,
-					struct tx_out *out)
+					__u8 family, struct tx_out *out)
 {
 	__u32 mtu = pmtu_overlay(peer_idx, n_paths, now);
 
-	if (!mtu || !cfg->overlay_ifindex || tx_icmp_too_big(skb, mtu))
+	if (!mtu || !cfg->overlay_ifindex ||
+	    (family == 6 ? tx_icmp6_too_big(skb, mtu) : tx_icmp_too_big(skb, mtu)))
 		return MRC_R_TX_TOO_BIG_DROP;
 	out->ifindex = cfg->overlay_ifindex;
 	out->neigh = false;
 	return MRC_R_TX_TOO_BIG;
+}
+
+/* The slot walk's question for one slot: judge_pid(), except that while
+ * skip_marked a path the peer said crosses a marking queue is passed over
+ * (congest.h). A global function: a branch of its own in the walk doubled
+ * the states the verifier explores. */
+__attribute__((noinline)) int tx_judge_slot(__u32 peer_idx, __u32 pid, __u32 n_paths,
+					    __u64 now, __u32 skip_marked)
+{
+	if (skip_marked && cong_marked(peer_idx, pid, now)) {
+		HSTAT_INC(ecn_avoided);
+		return H_UNUSABLE;
+	}
+	return judge_pid(peer_idx, pid, n_paths, now);
 }
 
 /* Headers of locally generated packets are linear; forwarded ones may not
@@ -103,11 +184,7 @@ static __always_inline void tx_pull(struct __sk_buff *skb)
 
 static __always_inline __u32 tx_process(struct __sk_buff *skb, struct tx_out *out)
 {
-	void *data, *data_end;
-	struct hdr_cursor nh;
-	struct ethhdr *eth;
-	struct l3_desc in;
-	struct tcphdr *tcph;
+	struct tx_inner ti;
 	struct mrc_config *cfg;
 	struct mrc_peer *peer;
 	struct mrc_peer_seq *seq;
@@ -117,28 +194,19 @@ static __always_inline __u32 tx_process(struct __sk_buff *skb, struct tx_out *ou
 	struct mrc_unit u = {};
 	const struct mrc_auth_key *akey;
 	struct spray_state sp;
-	__u32 peer_idx, n_paths, n, start, i, inner_hdrs, len, seg_l3;
+	__u32 peer_idx, n_paths, n, start, i, inner_hdrs, len, seg_l3, wire_segs = 1;
 	__u64 now, wire_bytes;
 	__u16 port;
-	int pidx, proto, err, tcp_len = -1, verdict = H_UNUSABLE, hedge = -1;
-	bool tcp, retx = false, steered = false, df;
+	int pidx, err, verdict = H_UNUSABLE, hedge = -1;
+	bool tcp, retx = false, steered = false;
 
 	tx_pull(skb);
-	data = (void *)(long)skb->data;
-	data_end = (void *)(long)skb->data_end;
-
-	/* 1. Inner Ethernet + IPv4, destination peer. The overlay carries
-	 * IPv4 and the receiver writes an untagged ethertype: a VLAN device
-	 * on the overlay (tag in the frame or, offloaded, in the skb) would
-	 * lose its tag on the way, so it is refused where it can be seen. */
-	nh.pos = data;
-	proto = parse_ethhdr(&nh, data_end, &eth);
-	if (proto == bpf_htons(ETH_P_8021Q) || proto == bpf_htons(ETH_P_8021AD) ||
-	    skb->vlan_present)
-		return MRC_R_TX_VLAN;
-	if (parse_l3(&nh, data_end, proto, L3_F_IPV4 | L3_F_WHOLE, &in) != L3_OK)
-		return MRC_R_TX_NOT_IPV4;
-	pidx = peer_by_overlay(&in.ip4->daddr);
+	/* 1. The inner packet (tx_parse_inner), its destination peer: the
+	 * peer owning the address or the longest prefix holding it (peer.h). */
+	err = tx_parse_inner(skb, &ti);
+	if (err != TX_SENT)	/* the verifier knows a global's result as any value */
+		return err == MRC_R_TX_VLAN ? MRC_R_TX_VLAN : MRC_R_TX_NOT_IPV4;
+	pidx = peer_by_overlay(&ti.fl);
 	if (pidx < 0)
 		return MRC_R_TX_NO_PEER;
 	peer_idx = pidx;
@@ -148,27 +216,24 @@ static __always_inline __u32 tx_process(struct __sk_buff *skb, struct tx_out *ou
 	if (!cfg || !peer || !seq)
 		return MRC_R_TX_NO_PEER;
 	n_paths = peer->n_paths;
-	if (n_paths > MRC_MAX_PATHS)
-		n_paths = MRC_MAX_PATHS;
+	if (n_paths > MRC_STRIDE)
+		n_paths = MRC_STRIDE;
 
 	/* Inner TCP: where the unit starts in the flow's sequence space, and
 	 * whether it is a retransmission (retx.h). */
-	inner_hdrs = in.hdr_len;
+	inner_hdrs = ti.hdr_len;
 	len = 0;	/* TCP payload of the unit */
-	tcp = in.proto == IPPROTO_TCP && in.frag == L3_FRAG_NONE;
-	if (tcp)
-		tcp_len = parse_tcphdr(&nh, data_end, &tcph);
-	if (tcp_len > 0) {
-		u.seq0 = bpf_ntohl(tcph->seq);
-		inner_hdrs += tcp_len;
+	tcp = ti.tcp_len >= 0;
+	if (ti.tcp_len > 0) {
+		u.seq0 = ti.seq;
+		inner_hdrs += ti.tcp_len;
 		len = skb->len - ETH_HLEN - inner_hdrs;
-		retx = retx_check(peer_idx, in.ip4, tcph, u.seq0, len);
+		retx = retx_check(peer_idx, &ti.fl, u.seq0, len);
 	}
 
-	/* What must fit the path MTU, and whether the sender may be told to
-	 * send smaller (pmtu.h). */
-	seg_l3 = tx_seg_l3(skb, &in, tcp_len);
-	df = in.ip4->frag_off & bpf_htons(IPV4_DF);
+	/* What must fit the path MTU (pmtu.h); whether the sender may be
+	 * told to send smaller is ti.df. */
+	seg_l3 = tx_seg_l3(skb, &ti);
 
 	/* 2. Pick a path: the next slot of the live table, or one of the
 	 * following slots if that path is not usable. */
@@ -176,14 +241,19 @@ static __always_inline __u32 tx_process(struct __sk_buff *skb, struct tx_out *ou
 	if (!slots)
 		return MRC_R_TX_NO_PATH;
 	now = bpf_ktime_get_ns();
-	start = spray_start(&sp, peer, peer_idx, seq, &in, data_end, n, now);
+	start = spray_start(&sp, peer, peer_idx, seq, &ti.fl, n, now);
 	/* A retransmission goes out on the path that confirmed delivery
 	 * most recently, if usable: a resend sprayed onto a plane that has
 	 * just failed would be lost again (retx.h). */
 	if (retx && seq->ack_max_ns) {
-		path = judge_path(peer_idx, seq->ack_max_path, n_paths, now, &verdict);
+		/* read once: receive CPUs rewrite it meanwhile, and a second
+		 * read could name another plane's path than the one judged
+		 * (the receiver drops such a frame as MRC_R_RX_WRONG_PLANE) */
+		__u32 fresh = *(volatile __u32 *)&seq->ack_max_path;
+
+		path = judge_path(peer_idx, fresh, n_paths, now, &verdict);
 		if (path) {
-			u.path_id = seq->ack_max_path;	/* no slot walk below */
+			u.path_id = fresh;	/* no slot walk below */
 			steered = true;
 			HSTAT_INC(retx_steered);
 		}
@@ -192,7 +262,9 @@ static __always_inline __u32 tx_process(struct __sk_buff *skb, struct tx_out *ou
 		__u32 s = (start + i) % n;
 		__u32 pid = slots->slot[s & (MRC_SLOTS - 1)];
 
-		path = judge_path(peer_idx, pid, n_paths, now, &verdict);
+		verdict = tx_judge_slot(peer_idx, pid, n_paths, now,
+					i < CONG_SKIP_SLOTS);
+		path = verdict >= 0 ? path_cfg(peer_idx, pid) : NULL;
 		if (path) {
 			u.path_id = pid;
 			spray_used(&sp, s);
@@ -215,9 +287,9 @@ static __always_inline __u32 tx_process(struct __sk_buff *skb, struct tx_out *ou
 	 * inside the slot walk multiplied the verifier's states past its
 	 * limit. */
 	if (!tx_fits(peer_idx, u.path_id, path, seg_l3, now)) {
-		if (!df)
+		if (!ti.df)
 			return MRC_R_TX_TOO_BIG_DROP;
-		return tx_too_big(skb, cfg, peer_idx, n_paths, now, out);
+		return tx_too_big(skb, cfg, peer_idx, n_paths, now, ti.fl.family, out);
 	}
 
 	/* 3. The unit: how many wire packets (PSNs) it takes, and what the
@@ -225,25 +297,30 @@ static __always_inline __u32 tx_process(struct __sk_buff *skb, struct tx_out *ou
 	 * one). Read gso_segs now: adjust_room resets it. */
 	u.segs = skb->gso_segs ? skb->gso_segs : 1;
 	u.seg_size = skb->gso_size;
-	u.tos = in.tos;	/* DSCP and ECN: RFC 6040 normal mode (bpf/ecn.h) */
+	u.tos = ti.tos;	/* DSCP and ECN: RFC 6040 normal mode (bpf/ecn.h) */
 	if (!tcp) {
 		/* A UDP GSO unit's datagrams carry no offset; GSO gives
 		 * segment i the inner IPv4 ID of the first plus i, so the
 		 * receiver numbers them by it (without a distinct PSN each,
 		 * hedged segments 2..n would be dropped as duplicates). */
-		if (!skb->gso_segs && u.seg_size && in.proto == IPPROTO_UDP) {
-			len = skb->len - ETH_HLEN - in.hdr_len - sizeof(struct udphdr);
+		if (!skb->gso_segs && u.seg_size && ti.fl.proto == IPPROTO_UDP) {
+			len = skb->len - ETH_HLEN - ti.hdr_len - sizeof(struct udphdr);
 			u.segs = (len + u.seg_size - 1) / u.seg_size;
 			if (u.segs < 1)
 				u.segs = 1;
 		}
-		if (in.proto == IPPROTO_UDP)
+		if (ti.fl.proto == IPPROTO_UDP)
 			inner_hdrs += sizeof(struct udphdr);	/* repeated per segment */
-		if (u.segs > 1) {
-			u.seq0 = bpf_ntohs(in.ip4->id);
+		if (u.segs > 1 && ti.fl.family == 4) {
+			u.seq0 = ti.ipid;
 			u.flags |= MRC_F_IPID;
+		} else if (u.segs > 1) {
+			/* IPv6: no ID, nothing tells the segments apart; one
+			 * PSN for the unit, never hedged (mrc.h) */
+			wire_segs = u.segs;
+			u.segs = 1;
 		}
-	} else if (tcp_len > 0 && !skb->gso_segs && u.seg_size) {
+	} else if (ti.tcp_len > 0 && !skb->gso_segs && u.seg_size) {
 		/* gso_segs may be unset on packets the stack marked for
 		 * re-validation: derive it. */
 		u.segs = (len + u.seg_size - 1) / u.seg_size;
@@ -251,21 +328,21 @@ static __always_inline __u32 tx_process(struct __sk_buff *skb, struct tx_out *ou
 			u.segs = 1;
 	}
 	u.tx_ts = (__u32)(now / 1000);
-	u.epoch = (__u16)cfg->epoch;
+	u.epoch = (__u16)(peer->epoch ? peer->epoch : cfg->epoch);
 	/* Auth: the inner block is read now, before adjust_room moves it. */
 	akey = auth_key(peer_idx);
 	if (akey) {
 		u.key = *akey;
 		u.flags |= MRC_F_AUTH;
-		auth_inner(in.ip4, data_end, &u.ain);
+		u.fl = ti.fl;
 	}
 
 	/* 4. Feedback for the peer (feedback.h), and hedging: a unit on a
 	 * suspect path (or every unit, in duplicate-send mode) also goes
 	 * out on a usable partner path. */
 	feedback_pick(seq, peer_idx, n_paths, now, &u);
-	if ((cfg->flags & MRC_CFG_HEDGE_ALL) ||
-	    (verdict == H_SUSPECT && (cfg->flags & MRC_CFG_HEDGE))) {
+	if (wire_segs == 1 && ((cfg->flags & MRC_CFG_HEDGE_ALL) ||
+	    (verdict == H_SUSPECT && (cfg->flags & MRC_CFG_HEDGE)))) {
 		hedge = hedge_partner(peer_idx, n_paths, u.path_id,
 				      HEDGE_FP(path->family, path->plane), now);
 		/* a copy too big for the partner's recorded MTU would only
@@ -288,7 +365,9 @@ static __always_inline __u32 tx_process(struct __sk_buff *skb, struct tx_out *ou
 		return MRC_R_TX_NESTED_GSO;
 	if (err)
 		return MRC_R_TX_ENCAP_FAIL;
-	wire_bytes = skb->len + (__u64)(u.segs - 1) *
+	if (wire_segs == 1)
+		wire_segs = u.segs;
+	wire_bytes = skb->len + (__u64)(wire_segs - 1) *
 				(ETH_HLEN + encap_overhead(path->family) +
 				 encap_mac_len(&u) + inner_hdrs);
 	if (hedge >= 0)
@@ -297,9 +376,12 @@ static __always_inline __u32 tx_process(struct __sk_buff *skb, struct tx_out *ou
 	/* 6. Count what goes on the wire. */
 	st = path_stats(peer_idx, u.path_id);
 	if (st) {
-		st->tx_packets += u.segs;
+		st->tx_packets += wire_segs;
 		if (steered)
-			st->tx_steered += u.segs;
+			PCNT_INC(peer_idx, u.path_id, tx_steered, wire_segs);
+		/* hedge_send moved the original to the partner: this is the copy */
+		if (hedge >= 0 && u.path_id == (__u32)hedge)
+			PCNT_INC(peer_idx, u.path_id, tx_hedged, wire_segs);
 		st->tx_bytes += wire_bytes;
 	}
 	out->ifindex = path->ifindex;

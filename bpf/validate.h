@@ -64,12 +64,11 @@ enum rx_action {
  *    MRC_R_RX_INNER_SRC / MRC_R_RX_INNER_DST: a peer may inject only its own
  *    traffic, and only toward us.
  */
-static __always_inline __u32 rx_inner_bound(const struct l3_desc *in,
-					    __u32 peer_idx)
+static __always_inline __u32 rx_inner_bound(const struct l3_flow *fl, __u32 peer_idx)
 {
-	if (ovl_owner(in->ip4->saddr) != peer_idx)
+	if (ovl_owner(fl, false) != peer_idx)
 		return RX_V(RX_DROP, MRC_R_RX_INNER_SRC);
-	if (ovl_owner(in->ip4->daddr) != MRC_OWNER_LOCAL)
+	if (ovl_owner(fl, true) != MRC_OWNER_LOCAL)
 		return RX_V(RX_DROP, MRC_R_RX_INNER_DST);
 	return RX_CONTINUE_V;
 }

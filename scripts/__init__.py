@@ -19,3 +19,17 @@ def preflight(name: str, needs: str, build: bool = True) -> str | None:
         if r.returncode:
             return f"{name}: error: make -C bpf failed: {r.stderr.strip()[-500:]}"
     return None
+
+
+def write_section(f: Path, title: str, begin: str, end: str, lines: list[str]) -> None:
+    """Put a benchmark's generated lines between its begin/end markers in
+    the doc f (the hand-written text around them stays), or append them
+    with the markers if f has none yet (a new f starts with title)."""
+    body = "\n".join([begin, *lines, end])
+    text = f.read_text() if f.exists() else f"# {title}\n\n"
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        text = head + body + rest.split(end, 1)[1]
+    else:
+        text = text.rstrip("\n") + "\n\n" + body + "\n"
+    f.write_text(text)

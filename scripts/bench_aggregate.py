@@ -32,6 +32,7 @@ Writes docs/benchmarks/aggregation.md (+ .json and .png) with the command.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import struct
@@ -339,12 +340,60 @@ char _license[] SEC("license") = "GPL";
 UNIT_SEGS = 16384 // 1392 + 1
 
 
-def per_packet_cost(n: int, log) -> dict:
-    from mrcctl.datapath.libbpf import BpfObject, Program
+def cost_fixture(n_paths: int = 2, receipts: bool = False):
+    """mrc's programs loaded with one peer of n_paths IPv4 paths, an inner
+    TCP frame for mrc_tx, and rx_frame: what mrc_tx made of it as the peer
+    would send it to us (outer addresses swapped, feedback for one of our
+    paths), for mrc_rx. receipts: every path has a fresh receipt to echo,
+    as under traffic both ways (mrc_tx's echo scan then looks at each).
+    Returns (loaded, inner, rx_frame, mh): mh is the MRC header's offset in
+    rx_frame."""
     from mrcctl.datapath.objects import load_objects
     sys.path.insert(0, str(REPO / "tests" / "unit"))
     import unit_pkt as pkt
     from unit_dp import PATHS, PEER, PEER_OVERLAY, LOCAL_OVERLAY, OVL_DMAC, OVL_SMAC, UDP_PORT
+
+    loaded = load_objects()
+    maps = loaded.maps
+    maps["mrc_cfg"].update(wire.u32(0), wire.Config(udp_port=UDP_PORT, dead_after_us=0).pack())
+    maps["mrc_peer_ip"].update(wire.OvlKey.of(PEER_OVERLAY).pack(), wire.u32(PEER))
+    # rx takes what tx produced (inner LOCAL -> PEER): a loopback, so here our
+    # overlay address is the peer's and the peer's is served here.
+    maps["mrc_ovl_owner"].update(wire.OvlKey.of(LOCAL_OVERLAY).pack(), wire.u32(PEER))
+    maps["mrc_ovl_owner"].update(wire.OvlKey.of(PEER_OVERLAY).pack(), wire.u32(wire.MRC_OWNER_LOCAL))
+    v4 = [p for p in PATHS if p.family == 4][:2]
+    # more paths: the first two's planes, one more EV each
+    paths = [dataclasses.replace(v4[i % 2], ev=v4[i % 2].ev + 16 * (i // 2)) for i in range(n_paths)]
+    maps["mrc_peers"].update(wire.u32(PEER), wire.Peer(n_paths=len(paths), overlay=PEER_OVERLAY).pack())
+    now = time.monotonic_ns()
+    for i, p in enumerate(paths):
+        maps["mrc_paths"].update(wire.DEFAULT_SIZING.path_key(PEER, i), p.pack())
+        live = wire.PathLive(last_ack_ns=now)
+        if receipts:
+            live.last_rx_ns, live.last_rx_ts = now, (now // 1000 + i) & 0xFFFFFFFF
+        maps["mrc_live"].update(wire.DEFAULT_SIZING.path_key(PEER, i), live.pack())
+        key = wire.RxKey(ifindex=1, family=4, addr=p.daddr).pack()
+        maps["mrc_rx_peers"].update(key, wire.RxPeer(peer=PEER, plane=p.plane).pack())
+    maps["mrc_slots"].update(wire.u32(wire.slots_idx(PEER, 0)), wire.Slots.of(list(range(n_paths))).pack())
+
+    inner = pkt.eth(OVL_DMAC, OVL_SMAC, pkt.ETH_P_IP) + pkt.ipv4(
+        LOCAL_OVERLAY, PEER_OVERLAY, pkt.IPPROTO_TCP, pkt.tcp(40001, 5201, 1, b"x" * 1400))
+    _, outer, _ = loaded.tx.test_run(inner)
+    # rx input: what tx produced, from the peer (outer addresses swapped),
+    # with feedback for one of our paths as bidirectional traffic has it,
+    # and per packet a new PSN (and inner TCP sequence) so every one is new
+    # to the receiver's window.
+    mh = 14 + 20 + 8                    # mrc_hdr offset in the frame
+    rx_frame = bytearray(outer)
+    rx_frame[26:30], rx_frame[30:34] = outer[30:34], outer[26:30]
+    rx_frame[mh + 1] |= wire.MRC_F_FEEDBACK
+    struct.pack_into("!HHI", rx_frame, mh + 20, 0, 0, (time.monotonic_ns() // 1000) & 0xFFFFFFFF)
+    return loaded, inner, rx_frame, mh
+
+
+def floor_programs() -> dict:
+    """BARE_C's programs, loaded: {name: Program}."""
+    from mrcctl.datapath.libbpf import BpfObject, Program
 
     tmpd = Path(tempfile.mkdtemp(prefix="mrc-bench-"))
     src, obj = tmpd / "bare.bpf.c", tmpd / "bare.bpf.o"
@@ -355,45 +404,20 @@ def per_packet_cost(n: int, log) -> dict:
                     "-o", str(obj)], check=True)
     bo = BpfObject.open(str(obj))
     bo.load()
-    bare_tx = Program.from_id(bo.program("bare_tx").id)
-    bare_rx = Program.from_id(bo.program("bare_rx").id)
-    floor_tx = Program.from_id(bo.program("floor_tx").id)
-    floor_rx = Program.from_id(bo.program("floor_rx").id)
-    bare_rx_tc = Program.from_id(bo.program("bare_rx_tc").id)
-    floor_rx_tc = Program.from_id(bo.program("floor_rx_tc").id)
+    progs = {n: Program.from_id(bo.program(n).id)
+             for n in ("bare_tx", "bare_rx", "floor_tx", "floor_rx", "bare_rx_tc", "floor_rx_tc")}
     bo.close()
+    return progs
 
-    loaded = load_objects()
+
+def per_packet_cost(n: int, log) -> dict:
+    fp = floor_programs()
+    bare_tx, bare_rx, floor_tx = fp["bare_tx"], fp["bare_rx"], fp["floor_tx"]
+    floor_rx, bare_rx_tc, floor_rx_tc = fp["floor_rx"], fp["bare_rx_tc"], fp["floor_rx_tc"]
+
+    loaded, inner, rx_frame, mh = cost_fixture()
     maps = loaded.maps
-    maps["mrc_cfg"].update(wire.u32(0), wire.Config(udp_port=UDP_PORT, dead_after_us=0).pack())
-    maps["mrc_peer_ip"].update(wire.ipv4_key(PEER_OVERLAY), wire.u32(PEER))
-    # rx takes what tx produced (inner LOCAL -> PEER): a loopback, so here our
-    # overlay address is the peer's and the peer's is served here.
-    maps["mrc_ovl_owner"].update(wire.OvlKey.of(LOCAL_OVERLAY).pack(), wire.u32(PEER))
-    maps["mrc_ovl_owner"].update(wire.OvlKey.of(PEER_OVERLAY).pack(), wire.u32(wire.MRC_OWNER_LOCAL))
-    paths = [p for p in PATHS if p.family == 4][:2]
-    maps["mrc_peers"].update(wire.u32(PEER), wire.Peer(n_paths=len(paths), overlay=PEER_OVERLAY).pack())
-    for i, p in enumerate(paths):
-        maps["mrc_paths"].update(wire.path_key(PEER, i), p.pack())
-        maps["mrc_live"].update(wire.path_key(PEER, i),
-                                wire.PathLive(last_ack_ns=time.monotonic_ns()).pack())
-        key = wire.RxKey(ifindex=1, family=4, addr=p.daddr).pack()
-        maps["mrc_rx_peers"].update(key, wire.RxPeer(peer=PEER, plane=p.plane).pack())
-    maps["mrc_slots"].update(wire.u32(wire.slots_idx(PEER, 0)), wire.Slots.of([0, 1]).pack())
-
-    inner = pkt.eth(OVL_DMAC, OVL_SMAC, pkt.ETH_P_IP) + pkt.ipv4(
-        LOCAL_OVERLAY, PEER_OVERLAY, pkt.IPPROTO_TCP, pkt.tcp(40001, 5201, 1, b"x" * 1400))
-    _, outer, _ = loaded.tx.test_run(inner)
-    # rx input: what tx produced, from the peer (outer addresses swapped),
-    # with feedback for one of our paths as bidirectional traffic has it,
-    # and per packet a new PSN (and inner TCP sequence) so every one is new
-    # to the receiver's window.
-    mh = 14 + 20 + 8                    # mrc_hdr offset in the frame
     tcp_seq_off = mh + wire.MRC_HDR_LEN + 20 + 4
-    rx_frame = bytearray(outer)
-    rx_frame[26:30], rx_frame[30:34] = outer[30:34], outer[26:30]
-    rx_frame[mh + 1] |= wire.MRC_F_FEEDBACK
-    struct.pack_into("!HHI", rx_frame, mh + 20, 0, 0, (time.monotonic_ns() // 1000) & 0xFFFFFFFF)
     seg = 1392
 
     def timed(progs, rounds: int = 10) -> None:

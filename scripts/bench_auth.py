@@ -46,7 +46,7 @@ def bench(n: int, rounds: int = 10) -> dict:
     loaded = load_objects()
     maps = loaded.maps
     maps["mrc_cfg"].update(wire.u32(0), wire.Config(udp_port=UDP_PORT, dead_after_us=0).pack())
-    maps["mrc_peer_ip"].update(wire.ipv4_key(PEER_OVERLAY), wire.u32(PEER))
+    maps["mrc_peer_ip"].update(wire.OvlKey.of(PEER_OVERLAY).pack(), wire.u32(PEER))
     # rx takes what tx produced (inner LOCAL -> PEER): a loopback, as in
     # scripts/bench_aggregate.py
     maps["mrc_ovl_owner"].update(wire.OvlKey.of(LOCAL_OVERLAY).pack(), wire.u32(PEER))
@@ -54,8 +54,8 @@ def bench(n: int, rounds: int = 10) -> dict:
     paths = [p for p in PATHS if p.family == 4][:2]
     maps["mrc_peers"].update(wire.u32(PEER), wire.Peer(n_paths=len(paths), overlay=PEER_OVERLAY).pack())
     for i, p in enumerate(paths):
-        maps["mrc_paths"].update(wire.path_key(PEER, i), p.pack())
-        maps["mrc_live"].update(wire.path_key(PEER, i), wire.PathLive(last_ack_ns=time.monotonic_ns()).pack())
+        maps["mrc_paths"].update(wire.DEFAULT_SIZING.path_key(PEER, i), p.pack())
+        maps["mrc_live"].update(wire.DEFAULT_SIZING.path_key(PEER, i), wire.PathLive(last_ack_ns=time.monotonic_ns()).pack())
         key = wire.RxKey(ifindex=1, family=4, addr=p.daddr).pack()
         maps["mrc_rx_peers"].update(key, wire.RxPeer(peer=PEER, plane=p.plane).pack())
     maps["mrc_slots"].update(wire.u32(wire.slots_idx(PEER, 0)), wire.Slots.of([0, 1]).pack())

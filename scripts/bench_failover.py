@@ -25,6 +25,17 @@ steady state), sender TCP retransmissions (nstat TcpRetransSegs), wire
 packets mrc sent into the dead plane, and mrc's detection time (fault to
 the first `dead` EV event). Writes failover.md, failover.json and
 failover.png into --out.
+
+    sudo python3 scripts/bench_failover.py --matrix direct,fabric,oneway --trials 20
+                                           [--methods mrc,mptcp] [--dead-after 10]
+
+The trial matrix: many short trials per (scenario, method) on one testbed,
+mrc beside MPTCP and plain ECMP-hashed TCP (or UDP) in the same run: direct
+500 Mbit/s planes x 2 EVs, a routed leaf-spine fabric with one gray
+leaf-spine link, one-way UDP. Per trial: longest stall, TCP RTOs, lost
+datagrams (UDP), detection time, whether exactly the failed paths were
+retired, false retirements, inner packets lost. Writes failover-trials.md
+and failover-trials.json.
 """
 
 from __future__ import annotations
@@ -41,7 +52,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests" / "integration"))
 
-from lab import XFER, Lab  # noqa: E402
+from lab import UDPSEQ, XFER, Lab  # noqa: E402
 from scripts import preflight  # noqa: E402
 from mrcctl.lab.testbed import Testbed  # noqa: E402
 
@@ -351,6 +362,320 @@ def write_md(results: dict, args, out: Path, cmd: str, cpu: dict | None = None) 
     (out / "failover.md").write_text("\n".join(text) + "\n")
 
 
+# ---------------------------------------------------------------- trial matrix (issue #11 item 5)
+#
+# Many short trials on one testbed per (scenario, method): the testbed is
+# built once, each trial injects the fault ~1 s into a 3 s transfer, clears
+# it, and waits until every path is GOOD again and the relapse window of the
+# probe hysteresis has passed, so trials do not inherit each other's state.
+
+MATRIX_SCENARIOS = {
+    # one of 4 direct planes x 2 EVs, 500 Mbit/s each, blackholed both ways
+    "direct": dict(planes=4, evs=2, rates="500mbit", fabric=None, udp=False),
+    # 2 routed planes, 2 leaves x 2 spines, 500 Mbit/s per leaf-spine link;
+    # the plane-0 link leaf 0 - spine 0 blackholed both ways, carrier up
+    "fabric": dict(planes=2, evs=4, rates=None, fabric=dict(spines=2, leaves=2, link_rate="500mbit"),
+                   udp=False),
+    # one-way UDP at 400 Mbit/s over 4 x 500 Mbit/s direct planes (no reverse
+    # data: only feedback frames tell the sender's judge what arrived)
+    "oneway": dict(planes=4, evs=2, rates="500mbit", fabric=None, udp=True),
+}
+MATRIX_METHODS = {"direct": ["mrc", "mptcp", "ecmp"], "fabric": ["mrc", "mptcp", "tcp"],
+                  "oneway": ["mrc", "ecmp"]}
+TRIAL_SECS, TRIAL_FAULT_AT = 3.2, 1.0
+UDP_MBIT, UDP_SIZE = 400, 1400
+ECMP_DST = "10.250.0.2"
+
+class Scenario:
+    """One testbed (mrc up on both hosts, so every method runs on the same
+    planes) and the fault of a scenario."""
+
+    def __init__(self, name: str, a, tmp: Path):
+        self.name, self.a = name, a
+        self.spec = MATRIX_SCENARIOS[name]
+        health = "[health]\n" + (f"dead_after_ms = {a.dead_after}\n" if a.dead_after else "")
+        kw = dict(fabric=self.spec["fabric"]) if self.spec["fabric"] else dict(rates=self.spec["rates"])
+        if self.spec["udp"]:
+            kw["rx_hook"] = "tc"
+        (tmp / name).mkdir(parents=True, exist_ok=True)
+        self.lab = Lab(tmp / name, 2, self.spec["planes"], prefix=a.prefix, evs=self.spec["evs"],
+                       extra=health, **kw)
+
+    def __enter__(self):
+        self.lab.__enter__()
+        self.lab.up(settle=True)
+        return self
+
+    def __exit__(self, *exc):
+        return self.lab.__exit__(*exc)
+
+    def fault(self, on: bool) -> None:
+        tb = self.lab.tb
+        if self.spec["fabric"]:
+            tb.link_blackhole(0, 0, 0, on=on)
+        else:
+            tb.blackhole(0, 1, on=on, both=True)
+
+    def failed_paths(self) -> set[str]:
+        """Host 0's paths whose forward direction crosses the fault."""
+        lab, tb = self.lab, self.lab.tb
+        paths = lab.paths(0)
+        if not self.spec["fabric"]:
+            dev = tb.dev(0, 1, 1)
+            return {p["id"] for p in paths if p["plane"] == dev}
+        dev = tb.dev(0, 1, 0)
+        evs = [p["ev"] for p in paths if p["plane"] == dev]
+        across = set(tb.evs_across(0, tb.leaf_of(0), 0, 0, 1, evs))
+        return {p["id"] for p in paths if p["plane"] == dev and p["ev"] in across}
+
+    def wait_all_good(self, timeout: float = 15) -> bool:
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if all(p["state"] == "GOOD" for i in (0, 1) for p in self.lab.paths(i)):
+                return True
+            time.sleep(0.1)
+        return False
+
+    def setup(self, method: str) -> str:
+        """Set the method up; returns the address the sender connects to."""
+        tb = self.lab.tb
+        if method == "mrc":
+            return self.lab.overlay(1)
+        if method == "tcp":
+            return tb.addr(1, 0, 0)
+        if method == "mptcp":
+            mptcp_setup(tb)
+            return tb.addr(1, 0, 0)
+        tb.exec(1, ["ip", "addr", "replace", f"{ECMP_DST}/32", "dev", "lo"])
+        tb.exec(0, ["sysctl", "-qw", "net.ipv4.fib_multipath_hash_policy=1"])
+        hops = []
+        for p in range(tb.n_planes):
+            hops += ["nexthop", "via", tb.addr(1, 0, p), "dev", tb.dev(0, 1, p), "weight", "1"]
+        tb.exec(0, ["ip", "route", "replace", f"{ECMP_DST}/32", *hops])
+        return ECMP_DST
+
+    def teardown(self, method: str) -> None:
+        tb = self.lab.tb
+        if method == "mptcp":
+            for i in (0, 1):
+                tb.exec(i, ["ip", "mptcp", "endpoint", "flush"], check=False)
+        if method == "ecmp":
+            tb.exec(0, ["ip", "route", "del", f"{ECMP_DST}/32"], check=False)
+            tb.exec(1, ["ip", "addr", "del", f"{ECMP_DST}/32", "dev", "lo"], check=False)
+
+
+def stall_of(timeline: dict, t_fail: float) -> int:
+    """Longest run (ms) of 10 ms buckets in the second after the fault below a
+    quarter of the goodput of the second before it: the fault takes at most
+    half of any method's capacity here, so a bucket that low is traffic that
+    stopped, not capacity that went away."""
+    b = timeline["bucket_ms"] / 1000
+    xs = timeline["bytes"]
+    i_f, n1s = int(t_fail / b), int(1 / b)
+    before = xs[max(0, i_f - n1s):i_f]
+    ref = sum(before) / len(before) if before else 0
+    longest = run = 0
+    for x in (xs[i_f:i_f + n1s] + [0] * n1s)[:n1s]:
+        run = run + 1 if x < 0.25 * ref else 0
+        longest = max(longest, run)
+    return longest * timeline["bucket_ms"]
+
+
+def mrc_counters(sc: Scenario) -> dict:
+    s1 = sc.lab.status(1)
+    return {"lost": sum(p.get("reorder", {}).get("net_lost", 0) for p in s1["peers"])}
+
+
+def run_trial(sc: Scenario, method: str, dst: str, k: int, tmp: Path) -> dict:
+    lab, tb = sc.lab, sc.lab.tb
+    port = 5600 + k
+    failed = sc.failed_paths()
+    c0 = mrc_counters(sc) if method == "mrc" else None
+    t_wall = time.time()
+    if sc.spec["udp"]:
+        ready = tmp / f"udp-ready-{k}"
+        bind = lab.overlay(1) if method == "mrc" else "0.0.0.0"
+        recv = tb.popen(1, [sys.executable, UDPSEQ, "recv", bind, str(port), str(TRIAL_SECS + 3), str(ready)],
+                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        end = time.monotonic() + 10
+        while not ready.exists() and time.monotonic() < end:
+            time.sleep(0.02)
+        send = tb.popen(0, [sys.executable, UDPSEQ, "send", dst, str(port), str(UDP_MBIT), str(TRIAL_SECS),
+                            str(UDP_SIZE)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        n0 = None
+    else:
+        tl = tmp / f"timeline-{k}.json"
+        wrap = ["mptcpize", "run"] if method == "mptcp" else []
+        ready = tmp / f"ready-{k}"
+        recv = tb.popen(1, [*wrap, sys.executable, XFER, "recv", "--bind", "0.0.0.0", "--port", str(port),
+                            "--timeout", "30", "--timeline", str(tl), "--ready-file", str(ready)],
+                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        end = time.monotonic() + 10
+        while not ready.exists() and time.monotonic() < end:
+            time.sleep(0.02)
+        n0 = nstat(tb, 0)
+        send = tb.popen(0, [*wrap, sys.executable, XFER, "send", "--to", dst, "--port", str(port),
+                            "--bytes", "16M", "--seconds", str(TRIAL_SECS), "--timeout", "30"],
+                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        wait_established(tb, 0, port)
+    try:
+        time.sleep(TRIAL_FAULT_AT)
+        t_fault, w_fault = time.monotonic(), time.time()
+        sc.fault(True)
+        # cleared when the sender stops sending: a flow pinned to the dead
+        # link then resumes (after its RTO backoff) instead of timing out
+        time.sleep(TRIAL_SECS - TRIAL_FAULT_AT)
+        sc.fault(False)
+        s_out, _ = send.communicate(timeout=60)
+        r_out, _ = recv.communicate(timeout=60)
+    finally:
+        sc.fault(False)
+        for proc in (send, recv):
+            if proc.poll() is None:
+                proc.kill()
+    s = json.loads(s_out.strip().splitlines()[-1])
+    r = json.loads(r_out.strip().splitlines()[-1])
+    out: dict = {}
+    if sc.spec["udp"]:
+        share_pps = s["pps"] / sc.spec["planes"]
+        out.update(intact=r["received"] > 0, lost_dgrams=r["missing"] + (s["sent"] - 1 - r["top"]),
+                   lost_share_ms=round((r["missing"] + s["sent"] - 1 - r["top"]) / share_pps * 1000, 1))
+    elif "error" in s or "error" in r:
+        # the connection did not survive the fault (a flow pinned to the dead link)
+        out.update(intact=False, stall_ms=1000, broken=s.get("error") or r.get("error"),
+                   **retransmissions(n0, nstat(tb, 0)))
+    else:
+        out.update(intact=s["sha256"] == r["sha256"] and not r["reset"],
+                   gbps=s["gbps"], stall_ms=stall_of(json.load(open(tl)), t_fault - r["t0"]),
+                   **retransmissions(n0, nstat(tb, 0)))
+    if method == "mrc":
+        evs = lab.events(0, t_wall)
+        bad = [e for e in evs if e["new"] == "ASSUMED_BAD" and e["time"] >= w_fault]
+        on = [e for e in bad if e["path"] in failed]
+        out.update(
+            detect_ms=round((min(e["time"] for e in on) - w_fault) * 1000, 1) if on else None,
+            retired=len({e["path"] for e in on}), of=len(failed),
+            false_retired=len({e["path"] for e in evs if e["new"] == "ASSUMED_BAD" and e["path"] not in failed}),
+            inner_lost=mrc_counters(sc)["lost"] - c0["lost"])
+    out["recovered"] = sc.wait_all_good()
+    time.sleep(1.2)   # past the hysteresis's relapse window (1 s)
+    return out
+
+
+def summarise(trials: list[dict]) -> dict:
+    ok = [t for t in trials if "error" not in t]
+
+    def col(key):
+        return [t.get(key) for t in ok]
+    out = {"trials": len(trials), "errors": len(trials) - len(ok), "intact": all(col("intact")) and ok != []}
+    for key in ("stall_ms", "rto", "lost_share_ms", "detect_ms", "false_retired", "inner_lost", "gbps"):
+        vals = [v for v in col(key) if v is not None]
+        if vals:
+            vs = sorted(vals)
+            out[key] = {"median": vs[len(vs) // 2], "max": vs[-1], "all": vals,
+                        "over_10ms": sum(1 for v in vals if v > 10) if key in ("stall_ms", "lost_share_ms") else None}
+    out["with_rto"] = sum(1 for t in ok if t.get("rto"))
+    if "retired" in (ok[0] if ok else {}):
+        out["exact_retired"] = sum(1 for t in ok if t["retired"] == t["of"])
+    return out
+
+
+def run_matrix(a, tmp: Path, out: Path) -> int:
+    results: dict = {}
+    for name in a.matrix.split(","):
+        if name not in MATRIX_SCENARIOS:
+            print(f"unknown matrix scenario {name} (have {', '.join(MATRIX_SCENARIOS)})", file=sys.stderr)
+            return 2
+        for method in (a.methods.split(",") if a.methods else MATRIX_METHODS[name]):
+            if method not in MATRIX_METHODS[name]:
+                continue
+            key = f"{name} / {method}" + (f", dead_after_ms {a.dead_after}" if a.dead_after and method == "mrc" else "")
+            trials = []
+            with Scenario(name, a, tmp) as sc:
+                dst = sc.setup(method)
+                try:
+                    for k in range(a.trials):
+                        try:
+                            trials.append(run_trial(sc, method, dst, k, tmp / name))
+                        except Exception as e:  # a failed trial must not lose the others
+                            trials.append({"error": f"{type(e).__name__}: {str(e)[:200]}"})
+                            sc.fault(False)
+                        print(key, k + 1, json.dumps(trials[-1]), flush=True)
+                finally:
+                    sc.teardown(method)
+            results[key] = {"summary": summarise(trials), "trials": trials}
+    cmd = "sudo python3 scripts/bench_failover.py " + " ".join(sys.argv[1:])
+    saved = out / "failover-trials.json"
+    if a.merge and saved.exists():
+        # rows of an earlier run stay (with their own command) unless rerun
+        old = json.loads(saved.read_text())
+        results = {**{k: v for k, v in old.items() if k not in results}, **results}
+    for r in results.values():
+        r.setdefault("command", cmd)
+        r.setdefault("date", time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()))
+    saved.write_text(json.dumps(results, indent=2))
+    write_matrix_md(results, a, out)
+    return 0
+
+
+def write_matrix_md(results: dict, a, out: Path) -> None:
+    def fmt(s: dict, key: str) -> str:
+        v = s.get(key)
+        if not v:
+            return "–"
+        return f"{v['median']} / {v['max']}"
+    rows = ["| scenario / method | trials | intact | stall ms median / max | trials with a stall > 10 ms "
+            "| trials with an RTO | UDP lost, ms of the dead share, median / max | trials losing > 10 ms "
+            "| detect ms median / max | trials retiring exactly the failed paths | false retirements, max "
+            "| inner pkts lost median / max | Gbit/s median |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for key, r in results.items():
+        s = r["summary"] = summarise(r["trials"])
+        rows.append(
+            f"| {key} | {s['trials']} ({s['errors']} errors) | {'yes' if s['intact'] else 'NO'} "
+            f"| {fmt(s, 'stall_ms')} | {(s.get('stall_ms') or {}).get('over_10ms', '–')} "
+            f"| {s['with_rto'] if 'rto' in s else '–'} | {fmt(s, 'lost_share_ms')} | {(s.get('lost_share_ms') or {}).get('over_10ms', '–')} "
+            f"| {fmt(s, 'detect_ms')} | {s.get('exact_retired', '–')} "
+            f"| {(s.get('false_retired') or {}).get('max', '–')} | {fmt(s, 'inner_lost')} "
+            f"| {(s.get('gbps') or {}).get('median', '–')} |")
+    text = [
+        "# Failover trials: direct planes, a routed fabric, one-way UDP",
+        "",
+        "Commands (each row was produced by one of them):",
+        "",
+        *sorted({f"* `{r['command']}` ({r['date']})" for r in results.values()}),
+        "",
+        f"On this VM (2 vCPUs, kernel {os.uname().release}). One testbed per row: each trial a "
+        f"{TRIAL_SECS} s transfer, "
+        f"the fault {TRIAL_FAULT_AT} s in, cleared at the end; the next trial starts when every path is "
+        "GOOD again and the hysteresis's 1 s relapse window has passed. mrc runs with the default "
+        "[health] unless the row names another dead_after_ms.",
+        "",
+        "* **direct**: 4 veth planes x 2 EVs, 500 Mbit/s each; plane 1 blackholed both ways (tc egress "
+        "drop at both ends, carrier up). *mptcp*: one subflow per plane; *ecmp*: plain TCP over a "
+        "multipath route across the planes, L4-hashed (one plane carries it).",
+        "* **fabric**: 2 routed planes, each 2 leaves x 2 spines, 500 Mbit/s per leaf-spine link, the "
+        "hosts on different leaves; the plane-0 link leaf 0 - spine 0 blackholed both ways, carrier up "
+        "(half of plane 0's EVs cross it, asked from the leaf's FIB). *tcp*: plain TCP over plane 0, "
+        "hashed onto one spine by the fabric.",
+        "* **oneway**: UDP at 400 Mbit/s over 4 x 500 Mbit/s direct planes, no reverse traffic; plane 1 "
+        "blackholed both ways. Lost datagrams are counted from sequence numbers and shown as ms of the "
+        "dead plane's share (lost / (rate / 4)). mrc uses the tc receive hook, whose feedback frames are "
+        "the only evidence the sender gets.",
+        "",
+        *rows,
+        "",
+        "Definitions: *stall* = longest run of 10 ms buckets in the second after the fault whose goodput "
+        "is below a quarter of the second before it; *RTO* = TcpExtTCPTimeouts of the sender grew in the trial; *detect* = "
+        "fault to the first ASSUMED_BAD event of a failed path; *exactly* = the set of paths retired "
+        "equals the paths whose forward direction crosses the fault; *false retirements* = paths retired "
+        "that do not cross it (per trial); *inner pkts lost* = wire PSNs the receiver never got in any "
+        "copy (mrc's reorder window).",
+        "",
+    ]
+    (out / "failover-trials.md").write_text("\n".join(text) + "\n")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", default="mptcp,mrc,mrc-nohedge,mrc-always,mrc-paced,mrc-always-paced")
@@ -367,6 +692,11 @@ def main() -> int:
     ap.add_argument("--prefix", default="fb")
     ap.add_argument("--tmp", default="/tmp/mrc-bench-failover")
     ap.add_argument("--no-probe-cpu", action="store_true", help="skip the 256-path probe CPU measurement")
+    ap.add_argument("--matrix", help="trial matrix instead: scenarios among " + ",".join(MATRIX_SCENARIOS)
+                    + " (--trials per method, each row one testbed; writes failover-trials.md)")
+    ap.add_argument("--methods", help="matrix methods to run (default: every one the scenario has)")
+    ap.add_argument("--dead-after", type=int, help="matrix: mrc's health.dead_after_ms (default: mrc's default)")
+    ap.add_argument("--merge", action="store_true", help="matrix: keep the rows of failover-trials.json not rerun")
     a = ap.parse_args()
     err = preflight("bench_failover.py", "namespaces, BPF")
     if err:
@@ -375,6 +705,8 @@ def main() -> int:
     out, tmp = Path(a.out), Path(a.tmp)
     out.mkdir(parents=True, exist_ok=True)
     tmp.mkdir(parents=True, exist_ok=True)
+    if a.matrix:
+        return run_matrix(a, tmp, out)
     # name: (health.hedge or None for the default, pacing)
     mrc_runs = {"mrc": (None, None), "mrc-nohedge": (False, None), "mrc-always": ("always", None),
                 "mrc-paced": (None, a.pace), "mrc-always-paced": ("always", a.pace)}

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Scale benchmark: what a host pays for configured peers and paths.
 
-    sudo python3 scripts/bench_scale.py [--scenarios paths256,peers16,peers64] [--idle 10]
+    sudo python3 scripts/bench_scale.py [--scenarios paths256,peers64,peers256,peers1024,peers4096] [--idle 10]
                                         [--out docs/benchmarks] [--label NAME]
 
 One hub host (h0) of a two-host testbed; h1 is a real peer, the others are
@@ -10,6 +10,8 @@ answers, as idle or powered-off nodes behind a gateway would). Scenarios:
 
   paths256   one real peer, 4 planes x 64 EVs = 256 paths
   peersN     h1 + N-1 absent peers, 4 planes x 8 EVs = 32 paths each
+  peersN/M   the same with [limits] max_peers = M (maps sized for M peers,
+             not the default headroom)
 
 Measured on h0: `mrcctl up` wall time, kernel map memory (memlock of every
 map the agent holds, from /proc/PID/fdinfo), the agent's CPU (% of one
@@ -34,29 +36,35 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests" / "integration"))
 
 from lab import Lab  # noqa: E402
+from scripts import write_section  # noqa: E402
 
 PLANES = 4
+ABSENT_NET = 210      # absent peers' underlay: 10.(210 + plane).0.0/16
 METRICS_PORT = 9479
 HZ = os.sysconf("SC_CLK_TCK")
 
 
 def absent_peers(lab: Lab, n: int, evs: int) -> str:
     """TOML for n absent peers of h0, with permanent neighbours so their
-    probes have somewhere to go."""
-    out = []
+    probes have somewhere to go. Their underlay addresses lie in a /16 per
+    plane routed on-link on h0 (thousands do not fit the planes' /24s);
+    the neighbours go in with one `ip -batch`."""
+    out, neigh = [], []
+    for p in range(PLANES):
+        lab.tb.exec(0, ["ip", "route", "replace", f"10.{ABSENT_NET + p}.0.0/16", "dev", lab.tb.dev(0, 1, p)])
     for k in range(n):
         host = 10 + k
         out += ["[[peer]]", f'name = "idle{k}"', f'overlay = "172.31.{1 + host // 250}.{host % 250 + 1}"',
                 f"evs_per_plane = {evs}", "[peer.underlay]"]
         for p in range(PLANES):
             dev = lab.tb.dev(0, 1, p)
-            addr = lab.tb.addr(1, 0, p)
-            a, b, c, _ = addr.split(".")
-            ip = f"{a}.{b}.{c}.{host}"
+            ip = f"10.{ABSENT_NET + p}.{k // 250}.{k % 250 + 1}"
             out.append(f'{dev} = "{ip}"')
-            lab.tb.exec(0, ["ip", "neigh", "replace", ip, "lladdr", f"02:00:00:{p:02x}:{host >> 8:02x}:{host & 255:02x}",
-                            "dev", dev, "nud", "permanent"])
+            neigh.append(f"neigh replace {ip} lladdr 02:00:00:{p:02x}:{host >> 8 & 255:02x}:{host & 255:02x} "
+                         f"dev {dev} nud permanent")
         out.append("")
+    if neigh:
+        lab.tb.exec(0, ["ip", "-batch", "-"], input="\n".join(neigh) + "\n", timeout=300)
     return "\n".join(out)
 
 
@@ -122,6 +130,9 @@ def timed(fn) -> float:
 
 
 def scenario(name: str, idle_s: float, prefix: str) -> dict:
+    limit = None
+    if "/" in name:                     # peersN/M: [limits] max_peers = M
+        name, limit = name.split("/")
     if name == "paths256":
         evs, n_absent = 64, 0
     elif name.startswith("peers"):
@@ -129,6 +140,9 @@ def scenario(name: str, idle_s: float, prefix: str) -> dict:
     else:
         raise SystemExit(f"unknown scenario {name}")
     extra = f'[metrics]\nlisten = "127.0.0.1:{METRICS_PORT}"\n'
+    if limit:
+        extra += f"[limits]\nmax_peers = {int(limit)}\n"
+        name = f"{name}/{limit}"
     with tempfile.TemporaryDirectory() as tmp, \
             Lab(Path(tmp), hosts=2, planes=PLANES, evs=evs, prefix=prefix) as lab:
         lab.up(hosts=[1])
@@ -155,10 +169,10 @@ def write(out: Path, label: str, rows: list[dict], cmd: str) -> None:
     runs = json.loads(jf.read_text()) if jf.exists() else []
     runs = [r for r in runs if r.get("label") != label] + [{"label": label, "time": time.time(), "rows": rows}]
     jf.write_text(json.dumps(runs, indent=1) + "\n")
-    md = ["# Scale: cost of configured peers and paths", "",
+    md = ["",
           f"Produced by `{cmd}` (each label one run; see scripts/bench_scale.py for what is measured).", ""]
     for run in runs:
-        md += [f"## {run['label']}", "",
+        md += [f"### {run['label']}", "",
                "| scenario | peers | paths | up s | map MiB | idle agent CPU % | idle probes/s | "
                "agent CPU % under transfer | probes/s under transfer | agent RSS MB | status s | scrape s |",
                "|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -168,12 +182,16 @@ def write(out: Path, label: str, rows: list[dict], cmd: str) -> None:
                       f"{r['transfer']['agent_cpu_pct']} | {r['transfer']['probes_per_s']} | "
                       f"{r['idle']['agent_rss_mb']} | {r['status_s']} | {r['scrape_s']} |")
         md.append("")
-    (out / "scale.md").write_text("\n".join(md))
+    # the generated tables replace their own section of scale.md
+    write_section(out / "scale.md", "Scale: cost of configured peers and paths", BEGIN, END, md)
+
+BEGIN = "<!-- bench_scale.py results: begin -->"
+END = "<!-- bench_scale.py results: end -->"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--scenarios", default="paths256,peers16,peers64")
+    ap.add_argument("--scenarios", default="paths256,peers64,peers256,peers1024,peers4096")
     ap.add_argument("--idle", type=float, default=10.0, help="seconds of the idle window")
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks")
     ap.add_argument("--label", default="main")

@@ -124,10 +124,12 @@ def report(a, results) -> str:
             lines.append(f"| `{k}` | {v:,} |")
     lines += [
         "",
-        "How the frames are made (`tests/unit/fuzzgen.py`): seeds are valid MRC DATA (inner TCP/UDP), "
-        "PROBE and PROBE_REPLY frames over IPv4 and IPv6 from configured, spoofed (a source valid only on "
+        "How the frames are made (`tests/unit/fuzzgen.py`): seeds are valid MRC DATA (inner TCP/UDP "
+        "over IPv4 and IPv6, from the peer's addresses, a prefix behind it or spoofed ones), PROBE and "
+        "PROBE_REPLY frames over IPv4 and IPv6 from configured, spoofed (a source valid only on "
         "another plane), removed (peer with no paths) and unknown sources; TCP, UDP, ARP, ICMPv6 and IPv6 "
-        "UDP frames; ICMP too-big frames quoting our own frames, genuine or not; VLAN-tagged, "
+        "UDP frames; overlay frames of both families to the peer, a prefix behind it or no one; ICMP "
+        "too-big frames quoting our own frames, genuine or not; VLAN-tagged, "
         "IPv4/IPv6-fragmented and IPv4-options MRC frames; random bytes. 85 % "
         "(rx) / 80 % (tx) are mutated 1–3 times: header fields set to boundary values (ethertype, "
         "version/IHL, protocol, lengths, fragment bits, ports, MRC version/type, path id, source "

@@ -75,6 +75,7 @@ REQUIRED_PKGS=(
     clang llvm libbpf-dev libbpf1 libc6-dev linux-libc-dev gcc make
     iproute2 nftables iperf3 iputils-ping tcpdump tmux ethtool procps
     python3 python3-venv python3-pip ca-certificates
+    openmpi-bin python3-mpi4py python3-numpy  # a real collective client (bench_fabric.py, its test)
 )
 OPTIONAL_PKGS=(mptcpd mptcpize)
 

@@ -30,13 +30,18 @@ def parse_size(s: str) -> int:
     return int(float(s[:-1] if s[-1:] in "KMG" else s) * mult)
 
 
+def family_of(addr: str) -> int:
+    """IPv6 for an address with a colon (an IPv6 overlay), else IPv4."""
+    return socket.AF_INET6 if ":" in addr else socket.AF_INET
+
+
 def payload(seed: int, n: int) -> bytes:
     return random.Random(seed).randbytes(n)
 
 
 def recv(bind: str, port: int, timeout: float, timeline: str | None, bucket_ms: float,
          ready_file: str | None = None) -> dict:
-    srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    srv = socket.socket(family_of(bind), socket.SOCK_STREAM)
     srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     srv.bind((bind, port))
     srv.listen(1)
@@ -81,11 +86,11 @@ def recv(bind: str, port: int, timeout: float, timeline: str | None, bucket_ms: 
 
 
 def send(to: str, port: int, nbytes: int, seed: int, timeout: float, connect_wait: float,
-         max_rate: int = 0, repeat: int = 1) -> dict:
+         max_rate: int = 0, repeat: int = 1, seconds: float = 0) -> dict:
     data = payload(seed, nbytes)
     deadline = time.monotonic() + connect_wait
     while True:
-        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s = socket.socket(family_of(to), socket.SOCK_STREAM)
         s.settimeout(timeout)
         if max_rate:
             # TCP's own pacing (no fq needed): a sender below the path
@@ -103,19 +108,29 @@ def send(to: str, port: int, nbytes: int, seed: int, timeout: float, connect_wai
     t0 = time.monotonic()
     view = memoryview(data)
     # repeat: streams longer than one buffer can be built (random.randbytes
-    # stops at 256 MiB) without holding them in memory
-    for _ in range(repeat):
+    # stops at 256 MiB) without holding them in memory; seconds: stop after
+    # that long instead, at a chunk boundary
+    stop = t0 + seconds if seconds else None
+    total = 0
+    for _ in range(repeat if not stop else 1 << 30):
         for off in range(0, nbytes, CHUNK):
+            if stop and time.monotonic() >= stop:
+                break
             s.sendall(view[off:off + CHUNK])
+            total += min(CHUNK, nbytes - off)
+        else:
+            continue
+        break
     s.shutdown(socket.SHUT_WR)
     # Wait for the receiver to close so "seconds" covers delivery, not buffering.
     s.recv(1)
     secs = time.monotonic() - t0
     s.close()
+    # hashed afterwards so that hashing takes no CPU from the transfer
     h = hashlib.sha256()
-    for _ in range(repeat):
+    for _ in range(total // nbytes):
         h.update(data)
-    total = nbytes * repeat
+    h.update(view[:total % nbytes])
     return {"role": "send", "bytes": total, "sha256": h.hexdigest(),
             "seconds": round(secs, 4), "gbps": round(total * 8 / secs / 1e9, 3)}
 
@@ -138,6 +153,8 @@ def main(argv=None) -> int:
     s.add_argument("--timeout", type=float, default=60)
     s.add_argument("--connect-wait", type=float, default=10)
     s.add_argument("--repeat", type=int, default=1, help="send the payload this many times")
+    s.add_argument("--seconds", type=float, default=0,
+                   help="send the payload over and over for this long instead (bounded by --timeout)")
     s.add_argument("--max-rate", type=parse_size, default=0, metavar="BYTES_PER_S",
                    help="pace the connection (SO_MAX_PACING_RATE), e.g. 25M")
     a = ap.parse_args(argv)
@@ -145,7 +162,7 @@ def main(argv=None) -> int:
         if a.cmd == "recv":
             out = recv(a.bind, a.port, a.timeout, a.timeline, a.bucket_ms, a.ready_file)
         else:
-            out = send(a.to, a.port, parse_size(a.bytes), a.seed, a.timeout, a.connect_wait, a.max_rate, a.repeat)
+            out = send(a.to, a.port, parse_size(a.bytes), a.seed, a.timeout, a.connect_wait, a.max_rate, a.repeat, a.seconds)
     except (OSError, socket.timeout) as e:
         print(json.dumps({"role": a.cmd, "error": f"{type(e).__name__}: {e}"}), flush=True)
         return 1

@@ -86,16 +86,79 @@ def test_kubernetes_manifests_parse_and_are_complete():
     assert set(mounts) <= set(vols)
     assert vols[next(n for n, p in mounts.items() if p == "/sys/fs/bpf")]["hostPath"]["path"] == "/sys/fs/bpf"
     assert vols[next(n for n, p in mounts.items() if p == "/run/mrc")]["hostPath"]["path"] == "/run/mrc"
-    cm_name = vols[next(n for n, p in mounts.items() if p == "/etc/mrc")]["configMap"]["name"]
-    assert cm_name == kinds["ConfigMap"]["metadata"]["name"]
-
-
-def test_kubernetes_configmap_is_a_valid_mrc_config():
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    # the node's config: written by the init container into a volume both mount
+    init = spec["initContainers"][0]
+    ienv = {e["name"]: e.get("value") for e in init["env"]}
+    imounts = {m["name"]: m["mountPath"] for m in init["volumeMounts"]}
+    node_vol = next(n for n, p in mounts.items() if env["MRC_CONFIG"].startswith(p + "/"))
+    assert "emptyDir" in vols[node_vol] and ienv["MRC_CONFIG"] == env["MRC_CONFIG"]
+    assert ienv["MRC_CONFIG"].startswith(imounts[node_vol] + "/")
+    tmpl_vol = next(n for n, p in imounts.items() if ienv["MRC_TEMPLATE"].startswith(p + "/"))
+    assert vols[tmpl_vol]["configMap"]["name"] == "mrc-config"
+    # the peers dir the config names is the mrc-peers ConfigMap, in both containers
     from mrcctl.instance import config
-    cm = next(d for d in _k8s_docs() if d["kind"] == "ConfigMap")
-    for name, text in cm["data"].items():
-        cfg = config.parse(text, source=name)
+    cms = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ConfigMap"}
+    peers_dir = config.parse(cms["mrc-config"]["data"]["mrc.toml"]).peers_dir
+    for m in (mounts, imounts):
+        vol = next(n for n, p in m.items() if p == peers_dir)
+        assert vols[vol]["configMap"]["name"] == "mrc-peers"
+    assert ienv["MRC_PEERS_DIR"] == peers_dir
+    assert any(e["name"] == "NODE_NAME" and e["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
+               for e in init["env"])
+
+
+def _k8s(kind: str, name: str) -> dict:
+    return next(d for d in _k8s_docs() if d["kind"] == kind and d["metadata"]["name"] == name)
+
+
+def test_kubernetes_every_node_gets_its_config_and_the_others_as_peers(tmp_path):
+    """The init container's script, run for each node of the example: the
+    node's config has its own overlay address and the other nodes as peers
+    (its own file in the shared directory skipped)."""
+    from mrcctl.instance import config
+    peers = _k8s("ConfigMap", "mrc-peers")["data"]
+    template = _k8s("ConfigMap", "mrc-config")["data"]["mrc.toml"]
+    init = _k8s("DaemonSet", "mrc-agent")["spec"]["template"]["spec"]["initContainers"][0]
+    script = init["args"][0]
+    (tmp_path / "peers.d").mkdir()
+    for key, text in peers.items():
+        (tmp_path / "peers.d" / key).write_text(text)
+    (tmp_path / "mrc.toml.in").write_text(template.replace(
+        config.parse(template).peers_dir, str(tmp_path / "peers.d")))
+    assert len(peers) >= 3
+    for key, text in peers.items():
+        node = key.removesuffix(".toml")
+        out = tmp_path / f"{node}.toml"
+        cp = subprocess.run(["sh", "-c", script], capture_output=True, text=True,
+                            env={"PATH": os.environ["PATH"], "NODE_NAME": node,
+                                 "MRC_TEMPLATE": str(tmp_path / "mrc.toml.in"),
+                                 "MRC_PEERS_DIR": str(tmp_path / "peers.d"), "MRC_CONFIG": str(out)})
+        assert cp.returncode == 0, cp.stderr
+        cfg = config.load(out)
+        own = config.tomllib.loads(text)["overlay"]
+        assert str(cfg.overlay_address.ip) == own
+        assert sorted(p.name for p in cfg.peers) == sorted(k.removesuffix(".toml") for k in peers if k != key)
         assert cfg.metrics_listen and cfg.metrics_listen.startswith("127.0.0.1:")
+    cp = subprocess.run(["sh", "-c", script], capture_output=True, text=True,
+                        env={"PATH": os.environ["PATH"], "NODE_NAME": "node-z",
+                             "MRC_TEMPLATE": str(tmp_path / "mrc.toml.in"),
+                             "MRC_PEERS_DIR": str(tmp_path / "peers.d"), "MRC_CONFIG": str(tmp_path / "z")})
+    assert cp.returncode != 0 and "node-z.toml" in cp.stderr
+
+
+def test_kubernetes_peers_script_writes_the_example():
+    yaml = pytest.importorskip("yaml")
+    peers = _k8s("ConfigMap", "mrc-peers")["data"]
+    from mrcctl.instance import config
+    lines = []
+    for key, text in peers.items():
+        t = config.tomllib.loads(text)
+        lines.append(f"{key.removesuffix('.toml')} {t['overlay']} {t['underlay']['eth1']} {t['underlay']['eth2']}")
+    cp = subprocess.run(["sh", str(DEPLOY / "kubernetes" / "mrc-peers.sh")], input="# nodes\n" + "\n".join(lines),
+                        capture_output=True, text=True)
+    assert cp.returncode == 0, cp.stderr
+    assert yaml.safe_load(cp.stdout)["data"] == peers
 
 
 def test_completion_script_is_current():

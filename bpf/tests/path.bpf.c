@@ -27,7 +27,7 @@ int test_path(struct xdp_md *ctx)
 		return 0xff;
 	return path_allowed(p, path_idx(0, pid)) |
 	       path_usable(p, l, path_idx(0, pid)) << 1 |
-	       path_usable_at(0, pid & (MRC_MAX_PATHS - 1)) << 3 |
+	       path_usable_at(0, pid & (MRC_STRIDE - 1)) << 3 |
 	       path_via_neigh(p) << 2;
 }
 

@@ -60,7 +60,7 @@ class Agent:
         self.inst = Instance(cfg.overlay_device)
         self.dp = Datapath(self.inst)
         self.tasks: list[Task] = []
-        self._entries: dict[bytes, tuple[bytes, abi.Path]] = {}     # path_entries' cache
+        self._entries: dict[int, tuple] = {}     # entries_of's cache, per peer: (token, entries, keys)
         self.sel = selectors.DefaultSelector()
         self.stopping = False
         self.started = time.monotonic()
@@ -84,19 +84,31 @@ class Agent:
         datapath holds, for the subsystems that copy or rewrite entries.
         An entry is unpacked again only when its bytes changed, so callers
         share it: they must not modify it (dataclasses.replace, then write)."""
-        paths_m = self.dp.map("mrc_paths")
-        cache = self._entries
-        for peer in self.cfg.peers:
-            # one system call per peer, not per path
-            raws = paths_m.lookup_range(abi.path_idx(peer.index, 0), len(peer.paths))
+        for peer, _token, ents, keys in self.peer_entries():
             for path in peer.paths:
-                if path.id >= len(raws):
-                    continue
-                key, raw = abi.path_key(peer.index, path.id), raws[path.id]
-                hit = cache.get(key)
-                if hit is None or hit[0] != raw:
-                    hit = cache[key] = (raw, abi.Path.unpack(raw))
-                yield peer, path, key, hit[1]
+                if path.id < len(ents):
+                    yield peer, path, keys[path.id], ents[path.id]
+
+    def peer_entries(self):
+        """(peer, token, entries, keys) of every peer (entries_of)."""
+        for peer in self.cfg.peers:
+            yield (peer, *self.entries_of(peer))
+
+    def entries_of(self, peer: cfgmod.Peer) -> tuple:
+        """(token, entries, keys) of one peer: its mrc_paths entries, read in
+        one system call and unpacked again only when their bytes changed
+        (callers share them: they must not modify them), their map keys,
+        and a token that stays equal while none of the entries changes, so
+        a caller can skip a peer it has seen."""
+        raws = self.dp.map("mrc_paths").lookup_range(self.dp.path_idx(peer.index, 0), len(peer.paths))
+        # a hash of the peer's entries, not the bytes: kept for thousands
+        # of peers
+        token = hash(b"".join(raws))
+        hit = self._entries.get(peer.index)
+        if hit is None or hit[0] != token:
+            keys = hit[2] if hit is not None else [self.dp.path_key(peer.index, p.id) for p in peer.paths]
+            hit = self._entries[peer.index] = (token, [abi.Path.unpack(raw) for raw in raws], keys)
+        return hit
 
     def _check_orphan(self, _now: float) -> None:
         """Exit when what the agent serves is gone without `down`: the
@@ -163,7 +175,7 @@ class Agent:
 
 # Modules of this package that register agent subsystems with @subsystem
 # when imported; their set-up runs in this order.
-SUBSYSTEM_MODULES: list[str] = ["neighbours", "metrics", "health", "weights"]
+SUBSYSTEM_MODULES: list[str] = ["neighbours", "metrics", "health", "weights", "members"]
 
 # Subsystem set-up functions: each takes the Agent and registers tasks/readers.
 _SUBSYSTEMS: list[Callable[[Agent], None]] = []
@@ -183,7 +195,21 @@ def build(cfg: cfgmod.Config) -> Agent:
         # deleted while we started: run() goes straight to the clean-up
         agent.orphaned = f"overlay device {cfg.overlay_device} was deleted"
         agent.stopping = True
+    _release_startup_memory()
     return agent
+
+
+def _release_startup_memory() -> None:
+    """Give back to the system what reading the config and the maps took
+    once: a 4,096-peer TOML document alone peaks at tens of MB, which the
+    C allocator would otherwise keep for the agent's whole life."""
+    import ctypes
+    import gc
+    gc.collect()
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):   # not glibc
+        pass
 
 
 def subsystem(fn: Callable[[Agent], None]) -> Callable[[Agent], None]:

@@ -16,7 +16,7 @@ import click
 
 from .. import __version__
 from ..errors import MrcError
-from . import demo, instance, observe, path
+from . import demo, instance, observe, path, peer
 from .common import fail
 
 
@@ -35,7 +35,7 @@ def cli():
 
 
 for _cmd in (instance.up, instance.agent, instance.down, observe.status, observe.top, observe.exporter,
-             demo.demo, observe.events, path.path, path.spray):
+             demo.demo, observe.events, path.path, path.spray, peer.peer):
     cli.add_command(_cmd)
 
 

@@ -18,7 +18,7 @@ def up(config_path, no_agent):
     Idempotent: running it again with the same file changes nothing; with a
     changed file it applies the difference.
     """
-    cfg = load_config(config_path)
+    cfg = load_config(config_path, strict=True)
     need_privileges()
     from ..instance import reconcile
     click.echo(reconcile.up(cfg, agent=not no_agent))

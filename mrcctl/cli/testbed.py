@@ -275,10 +275,16 @@ def link_rate_cmd(prefix, as_json, plane, leaf, spine, direction, rate):
 @_common
 @_link
 @_direction
+@click.option("--rate", default=None, metavar="RATE",
+              help="mark only while the link carries more than RATE (e.g. 450mbit: a phantom queue "
+                   "draining at RATE); default: mark every ECN-capable packet")
+@click.option("--queue", "queue_bytes", type=int, default=30000, show_default=True,
+              help="with --rate: bytes of phantom backlog above which packets are marked")
 @click.option("--off", is_flag=True, help="restore")
-def link_ecn(prefix, as_json, plane, leaf, spine, direction, off):
-    """Mark CE on every ECN-capable packet the link carries (a congested, marking queue)."""
-    _run(lambda: _fabric(prefix).link_ecn_mark(plane, leaf, spine, not off, direction))
+def link_ecn(prefix, as_json, plane, leaf, spine, direction, rate, queue_bytes, off):
+    """Mark CE on ECN-capable packets the link carries (a congested, marking queue)."""
+    _run(lambda: _fabric(prefix).link_ecn_mark(plane, leaf, spine, not off, direction, rate=rate,
+                                               queue_bytes=queue_bytes))
 
 
 @link.command("carrier")

@@ -18,6 +18,7 @@ strings in the Python objects).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import ipaddress
 import socket
 import struct
@@ -32,20 +33,23 @@ MRC_VERSION = 1
 MRC_DEFAULT_UDP_PORT = 4794
 MRC_DEFAULT_EV_BASE = 49152
 
-MRC_MAX_PEERS = 64
-MRC_MAX_PATHS = 256
+MRC_DEFAULT_PEERS = 64      # per-peer map entries the objects are compiled with
+MRC_PEERS_LIMIT = 16384     # most per-peer entries the loader sets
+MRC_MAX_PATHS = 256         # per peer: planes x EVs; the largest path stride
+MRC_PATH_SHIFT_MAX = 8      # log2(MRC_MAX_PATHS)
 MRC_MAX_PLANES = 16
 MRC_SLOTS = 1024
 MRC_WIN_WORDS = 64          # receiver reorder window: 64 words of 64 PSNs
 MRC_HIST_BUCKETS = 16       # per peer reorder-distance histogram (log2)
-MRC_PATH_HIST = 8           # per path reorder-distance histogram (log2)
 
 MRC_F_FEEDBACK = 0x01
 MRC_F_HEDGE = 0x02
 MRC_F_IPID = 0x04
 MRC_F_AUTH = 0x08           # an MRC_AUTH_LEN-byte MAC follows the header (bpf/auth.h)
+MRC_F_ECE = 0x10            # the echoed path brought a CE-marked packet lately (bpf/congest.h)
 MRC_AUTH_LEN = 8
-MRC_AUTH_MSG_LEN = 48       # what the MAC covers: MRC header + struct mrc_auth_inner
+MRC_AUTH_MSG_LEN = 48       # what the MAC covers: MRC header + 20 bytes of struct mrc_auth_inner (inner IPv4)
+MRC_AUTH_MSG_LEN6 = 72      # ... + all 44 bytes of it (inner IPv6)
 MRC_ACL_RULES = 16          # allow_underlay rules per plane (bpf/acl.h)
 
 MRC_HDR_LEN = 28
@@ -55,26 +59,18 @@ MRC_OVERHEAD_V6 = 40 + 8 + MRC_HDR_LEN
 MRC_CFG_LIVENESS = 0x01
 MRC_CFG_HEDGE = 0x02
 MRC_CFG_HEDGE_ALL = 0x04
+MRC_CFG_FB_FRAMES = 0x08
 MRC_DEDUP_WORDS = 512       # hedged-unit duplicate filter: 512 words of 32 PSNs
 MRC_TX_FLOWS = 64           # sender: highest TCP sequence per inner flow, slots per peer
 
-MRC_PATH_ENTRIES = MRC_MAX_PEERS * MRC_MAX_PATHS
 MRC_PROBE_RING = 8            # outstanding probes per path whose nonces rx knows
+MRC_PROBE_BATCH = 256         # probes per run of the probe generator (bpf/probe_gen.bpf.c)
+MRC_PROBE_FRAME_MAX = 128     # room for one probe frame in struct mrc_probe_out
 MRC_OWNER_LOCAL = 0xFFFFFFFF  # mrc_ovl_owner: a prefix served by this host
 MRC_OWNER_NONE = 0xFFFFFFFE   # ovl_owner(): no entry (never stored)
+MRC_OVL_FAMILY_BITS = 32      # mrc_ovl_key.prefixlen counts the family word first
+MRC_OVL_PER_PEER = 16         # owner entries (overlay addresses + prefixes) per peer
 MRC_EPOCH_SEEN = 0x10000      # mrc_rx_epoch: cur/prev hold epoch | this (0: none yet)
-
-
-def path_idx(peer: int, path: int) -> int:
-    """MRC_PATH_IDX(peer, path): index into mrc_paths/mrc_live/mrc_path_stats."""
-    if not (0 <= peer < MRC_MAX_PEERS and 0 <= path < MRC_MAX_PATHS):
-        raise ValueError(f"peer {peer} / path {path} out of range")
-    return peer * MRC_MAX_PATHS + path
-
-
-def path_key(peer: int, path: int) -> bytes:
-    """The map key of (peer, path) in mrc_paths/mrc_live/mrc_path_stats/mrc_path_delay."""
-    return u32(path_idx(peer, path))
 
 
 def slots_idx(peer: int, table: int) -> int:
@@ -97,6 +93,7 @@ class MsgType(_LabelEnum):
     DATA = 0
     PROBE = 1
     PROBE_REPLY = 2
+    FEEDBACK = 3
 
 
 class PathState(_LabelEnum):
@@ -142,13 +139,14 @@ class Reason(_LabelEnum):
     RX_PMTU_BAD = 31
     TX_TOO_BIG = 32
     TX_TOO_BIG_DROP = 33
+    RX_FEEDBACK = 34
 
     @property
     def is_drop(self) -> bool:
         """False for the verdicts mrc.h marks "not a drop" (test_wire checks)."""
         return self not in (Reason.RX_PROBE_REPLIED, Reason.RX_PROBE_REPLY,
                             Reason.RX_PASS_VLAN, Reason.RX_PASS_FRAGMENT,
-                            Reason.RX_HEDGE_AHEAD, Reason.RX_PMTU)
+                            Reason.RX_HEDGE_AHEAD, Reason.RX_PMTU, Reason.RX_FEEDBACK)
 
 
 def reason_is_drop(label: str) -> bool:
@@ -161,7 +159,7 @@ def reason_is_drop(label: str) -> bool:
     return "probe" not in label
 
 
-MRC_R_MAX = 34
+MRC_R_MAX = 35
 
 
 class EvReason(_LabelEnum):
@@ -193,19 +191,24 @@ def c_constants() -> dict[str, int]:
         "MRC_VERSION": MRC_VERSION,
         "MRC_DEFAULT_UDP_PORT": MRC_DEFAULT_UDP_PORT,
         "MRC_DEFAULT_EV_BASE": MRC_DEFAULT_EV_BASE,
-        "MRC_MAX_PEERS": MRC_MAX_PEERS,
+        "MRC_DEFAULT_PEERS": MRC_DEFAULT_PEERS,
+        "MRC_PEERS_LIMIT": MRC_PEERS_LIMIT,
         "MRC_MAX_PATHS": MRC_MAX_PATHS,
+        "MRC_PATH_SHIFT_MAX": MRC_PATH_SHIFT_MAX,
         "MRC_MAX_PLANES": MRC_MAX_PLANES,
         "MRC_SLOTS": MRC_SLOTS,
         "MRC_WIN_WORDS": MRC_WIN_WORDS,
         "MRC_HIST_BUCKETS": MRC_HIST_BUCKETS,
-        "MRC_PATH_HIST": MRC_PATH_HIST,
         "MRC_F_FEEDBACK": MRC_F_FEEDBACK,
         "MRC_F_HEDGE": MRC_F_HEDGE,
         "MRC_F_IPID": MRC_F_IPID,
         "MRC_F_AUTH": MRC_F_AUTH,
+        "MRC_F_ECE": MRC_F_ECE,
         "MRC_AUTH_LEN": MRC_AUTH_LEN,
         "MRC_AUTH_MSG_LEN": MRC_AUTH_MSG_LEN,
+        "MRC_AUTH_MSG_LEN6": MRC_AUTH_MSG_LEN6,
+        "MRC_OVL_FAMILY_BITS": MRC_OVL_FAMILY_BITS,
+        "MRC_OVL_PER_PEER": MRC_OVL_PER_PEER,
         "MRC_ACL_RULES": MRC_ACL_RULES,
         "MRC_HDR_LEN": MRC_HDR_LEN,
         "MRC_OVERHEAD_V4": MRC_OVERHEAD_V4,
@@ -213,11 +216,14 @@ def c_constants() -> dict[str, int]:
         "MRC_CFG_LIVENESS": MRC_CFG_LIVENESS,
         "MRC_CFG_HEDGE": MRC_CFG_HEDGE,
         "MRC_CFG_HEDGE_ALL": MRC_CFG_HEDGE_ALL,
+        "MRC_CFG_FB_FRAMES": MRC_CFG_FB_FRAMES,
         "MRC_DEDUP_WORDS": MRC_DEDUP_WORDS,
         "MRC_TX_FLOWS": MRC_TX_FLOWS,
         "MRC_R_MAX": MRC_R_MAX,
         "MRC_OWNER_LOCAL": MRC_OWNER_LOCAL,
         "MRC_PROBE_RING": MRC_PROBE_RING,
+        "MRC_PROBE_BATCH": MRC_PROBE_BATCH,
+        "MRC_PROBE_FRAME_MAX": MRC_PROBE_FRAME_MAX,
         "MRC_OWNER_NONE": MRC_OWNER_NONE,
         "MRC_EPOCH_SEEN": MRC_EPOCH_SEEN,
     }
@@ -246,7 +252,11 @@ def mac_bytes(mac: str | bytes | None) -> bytes:
     return b
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def mac_str(b: bytes) -> str:
+    # cached: every path of a plane has the same source MAC, every path to
+    # a peer on a plane the same destination; the agent holds an unpacked
+    # entry per path (thousands of peers), which then share one string
     return ":".join(f"{x:02x}" for x in b)
 
 
@@ -266,6 +276,7 @@ def addr_bytes(addr, family: int | None = None) -> bytes:
     return a.packed.ljust(16, b"\0")
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def addr_str(b: bytes, family: int) -> str:
     if family == 4:
         return socket.inet_ntop(socket.AF_INET, b[:4])
@@ -279,7 +290,7 @@ def family_of(addr) -> int:
 
 
 def ipv4_key(addr: str) -> bytes:
-    """mrc_peer_ip key: an IPv4 address in network order."""
+    """An IPv4 address in network order."""
     return socket.inet_aton(addr)
 
 
@@ -391,7 +402,9 @@ def _struct(cls):
     for name, value in cls.__dict__.get("EXTRA", {}).items():
         cls.__annotations__[name] = type(value).__name__
         setattr(cls, name, value)
-    return dataclass(cls)
+    # slots: the agent holds one per path (131,072 of them at 4,096 x 32);
+    # a __dict__ each would be most of its memory
+    return dataclass(cls, slots=True)
 
 
 @_struct
@@ -435,7 +448,8 @@ class Config(_Struct):
     C_NAME: ClassVar[str] = "mrc_config"
     LAYOUT: ClassVar = (("udp_port", "I"), ("overlay_ifindex", "I"),
                         ("dead_after_us", "I"), ("flags", "I"),
-                        ("hedge_after_us", "I"), ("recover_probes", "I"), ("epoch", "I"))
+                        ("hedge_after_us", "I"), ("recover_probes", "I"), ("epoch", "I"),
+                        ("cong_hold_us", "I"))
     DEFAULTS = {"udp_port": MRC_DEFAULT_UDP_PORT}
 
 
@@ -445,14 +459,14 @@ class Peer(_Struct):
     C_NAME: ClassVar[str] = "mrc_peer"
     LAYOUT: ClassVar = (("n_paths", "I"), ("table", "I"), ("spray_mode", "I"),
                         ("min_active", "I"), ("overlay", "4s"), ("ev_base", "I"),
-                        ("flowlet_gap_us", "I"))
+                        ("flowlet_gap_us", "I"), ("epoch", "I"))
     DEFAULTS = {"spray_mode": SprayMode.WEIGHTED,
                 "min_active": 1,
                 "overlay": "0.0.0.0",
                 "ev_base": MRC_DEFAULT_EV_BASE}
 
     def _to_raw(self):
-        v = super()._to_raw()
+        v = _Struct._to_raw(self)   # (no zero-argument super(): slots make a new class)
         v[4] = socket.inet_aton(self.overlay or "0.0.0.0")
         return v
 
@@ -460,7 +474,7 @@ class Peer(_Struct):
     def _from_raw(cls, vals):
         vals = list(vals)
         vals[4] = socket.inet_ntoa(vals[4])
-        return super()._from_raw(vals)
+        return _Struct._from_raw.__func__(cls, vals)
 
 
 @_struct
@@ -506,7 +520,7 @@ class Path(_Struct):
     EXTRA = {"admin": PathState.GOOD}
 
     def _to_raw(self):
-        v = super()._to_raw()
+        v = _Struct._to_raw(self)   # (no zero-argument super(): slots make a new class)
         v[4], v[5] = mac_bytes(self.smac), mac_bytes(self.dmac)
         v[6], v[7] = addr_bytes(self.saddr, self.family), addr_bytes(self.daddr, self.family)
         return v
@@ -516,19 +530,21 @@ class Path(_Struct):
         vals = list(vals)
         vals[4], vals[5] = mac_str(vals[4]), mac_str(vals[5])
         vals[6], vals[7] = addr_str(vals[6], vals[2]), addr_str(vals[7], vals[2])
-        return super()._from_raw(vals)
+        return _Struct._from_raw.__func__(cls, vals)
 
 
 @_struct
 class PathLive(_Struct):
     """struct mrc_path_live (datapath-written liveness)."""
     C_NAME: ClassVar[str] = "mrc_path_live"
-    LAYOUT: ClassVar = (("last_ack_ns", "Q"), ("last_rx_ns", "Q"), ("last_rx_ts", "I"),
-                        ("state", "I"), ("srtt_us", "I"), ("rtt_us", "I"),
-                        ("unacked_ns", "Q"), ("bad_ns", "Q"), ("good_ns", "Q"),
-                        ("probe_seq", "I"), ("probe_ok", "I"), ("flaps", "I"),
-                        ("fb_echoed", "I"), ("ev_rx_ns", "Q"), ("ev_gap_us", "I"), ("ev_rtt_us", "I"),
-                        ("ev_ack_ns", "Q"), ("strike_ns", "Q"), ("last_rx_unit", "I"), ("rsvd", "I"))
+    # two cache lines: mrc_rx's (receipts, evidence), then mrc_tx's and
+    # the rare writers' (mrc.h)
+    LAYOUT: ClassVar = (("last_ack_ns", "Q"), ("last_rx_ns", "Q"), ("ev_rx_ns", "Q"), ("ev_ack_ns", "Q"),
+                        ("last_rx_ts", "I"), ("last_rx_unit", "I"), ("srtt_us", "I"), ("rtt_us", "I"),
+                        ("ev_cov_us", "I"), ("ev_rtt_us", "I"), ("ev_cov_max_us", "I"), ("probe_seq", "I"),
+                        ("unacked_ns", "Q"), ("strike_ns", "Q"), ("fb_echo_ns", "Q"), ("bad_ns", "Q"),
+                        ("good_ns", "Q"), ("fb_frame_ns", "Q"),
+                        ("state", "I"), ("fb_echoed", "I"), ("flaps", "I"), ("probe_ok", "I"))
     DEFAULTS = {"state": PathState.GOOD}
 
 
@@ -548,8 +564,10 @@ def path_usable(path: Path, live: PathLive) -> bool:
 class PeerSeq(_Struct):
     """struct mrc_peer_seq."""
     C_NAME: ClassVar[str] = "mrc_peer_seq"
-    LAYOUT: ClassVar = (("psn", "Q"), ("cursor", "Q"), ("fb_cursor", "Q"), ("rx_psn_max", "Q"),
-                        ("ack_max_ns", "Q"), ("ack_max_path", "I"), ("rsvd", "I"))
+    # mrc_tx's cache line, then mrc_rx's (mrc.h)
+    LAYOUT: ClassVar = (("psn", "Q"), ("cursor", "Q"), ("fb_cursor", "Q"), ("tx_pad", "40s"),
+                        ("rx_psn_max", "Q"), ("ack_max_ns", "Q"), ("ack_max_path", "I"), ("rsvd", "I"),
+                        ("fb_rl_tat", "Q"), ("rx_pad", "32s"))
 
 
 class _Counters(_Struct):
@@ -598,11 +616,47 @@ class _Counters(_Struct):
 
 @_struct
 class PathStats(_Counters):
-    """struct mrc_path_stats (per CPU; PathStats.sum() adds CPUs up)."""
+    """struct mrc_path_stats: the hot per-path counters (per CPU;
+    PathStats.sum() adds CPUs up)."""
     C_NAME: ClassVar[str] = "mrc_path_stats"
     LAYOUT: ClassVar = tuple((n, "Q") for n in (
-        "tx_packets", "tx_bytes", "rx_packets", "rx_bytes", "rx_ooo", "rx_dup",
-        "probes_tx", "probes_rx", "rx_late", "tx_steered", "rx_ce")) + (("rx_ooo_hist", f"{MRC_PATH_HIST}Q"),)
+        "tx_packets", "tx_bytes", "rx_packets", "rx_bytes"))
+
+
+@_struct
+class PathCnt(_Counters):
+    """struct mrc_path_cnt: the rare-event per-path counters (one shared copy)."""
+    C_NAME: ClassVar[str] = "mrc_path_cnt"
+    LAYOUT: ClassVar = tuple((n, "Q") for n in (
+        "rx_ooo", "rx_dup", "probes_tx", "probes_rx", "rx_late", "tx_steered", "rx_ce",
+        "tx_hedged"))
+
+
+@dataclass
+class PathCounters:
+    """Every counter of one path: mrc_path_stats summed over the CPUs and
+    mrc_path_cnt, as one value (what status, the exporter and tests read)."""
+    tx_packets: int = 0
+    tx_bytes: int = 0
+    rx_packets: int = 0
+    rx_bytes: int = 0
+    rx_ooo: int = 0
+    rx_dup: int = 0
+    probes_tx: int = 0
+    probes_rx: int = 0
+    rx_late: int = 0
+    tx_steered: int = 0
+    rx_ce: int = 0
+    tx_hedged: int = 0
+
+    @classmethod
+    def of(cls, percpu: Iterable[bytes], cnt: bytes | None) -> "PathCounters":
+        # plain tuples, not the structs' dataclasses: status reads this for
+        # every path (131,072 at 4,096 peers x 32)
+        hot_st, cold_st = PathStats._struct(), PathCnt._struct()
+        hot = [sum(col) for col in zip(*(hot_st.unpack_from(v) for v in percpu))] or [0] * len(PathStats.LAYOUT)
+        cold = cold_st.unpack_from(cnt) if cnt else (0,) * len(PathCnt.LAYOUT)
+        return cls(*hot, *cold)
 
 
 @_struct
@@ -638,6 +692,15 @@ class PathMtu(_Struct):
 
 
 MRC_PMTU_AGE_NS = 600 * 1_000_000_000
+
+
+@_struct
+class PathCong(_Struct):
+    """struct mrc_path_cong: ECN-driven EV avoidance (bpf/congest.h), the
+    receiver's and the sender's side of one path."""
+    C_NAME: ClassVar[str] = "mrc_path_cong"
+    LAYOUT: ClassVar = (("rx_ce_ns", "Q"), ("ce_ns", "Q"), ("ce_echoes", "Q"), ("hold_shift", "I"),
+                        ("fb_ts", "I"))
 
 
 @_struct
@@ -677,26 +740,31 @@ class RxKey(_Struct):
 
 @_struct
 class OvlKey(_Struct):
-    """struct mrc_ovl_key: an overlay IPv4 prefix, the key of mrc_ovl_owner
-    (value: a peer index or MRC_OWNER_LOCAL)."""
+    """struct mrc_ovl_key: an overlay prefix of either family, the key of
+    mrc_ovl_owner (value: a peer index or MRC_OWNER_LOCAL). prefixlen counts
+    the family word: MRC_OVL_FAMILY_BITS + the prefix's own length."""
     C_NAME: ClassVar[str] = "mrc_ovl_key"
-    LAYOUT: ClassVar = (("prefixlen", "I"), ("addr", "4s"))
-    DEFAULTS = {"prefixlen": 32, "addr": "0.0.0.0"}
+    LAYOUT: ClassVar = (("prefixlen", "I"), ("family", "I"), ("addr", "16s"))
+    DEFAULTS = {"prefixlen": MRC_OVL_FAMILY_BITS + 32, "family": 4, "addr": ""}
 
     def _to_raw(self):
-        return [self.prefixlen, socket.inet_aton(self.addr)]
+        return [self.prefixlen, self.family, addr_bytes(self.addr, self.family)]
 
     @classmethod
     def _from_raw(cls, vals):
-        return cls(prefixlen=vals[0], addr=socket.inet_ntoa(vals[1]))
+        return cls(prefixlen=vals[0], family=vals[1], addr=addr_str(vals[2], vals[1]))
 
     @classmethod
     def of(cls, network) -> "OvlKey":
-        """The key of an IPv4 network or address (an address is a /32)."""
+        """The key of an IPv4 or IPv6 network or address (an address is a
+        /32 or /128)."""
         net = ipaddress.ip_network(network, strict=False)
-        if net.version != 4:
-            raise ValueError(f"{network} is not IPv4 (the overlay carries IPv4)")
-        return cls(prefixlen=net.prefixlen, addr=str(net.network_address))
+        return cls(prefixlen=MRC_OVL_FAMILY_BITS + net.prefixlen, family=net.version,
+                   addr=str(net.network_address))
+
+    @property
+    def network(self) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+        return ipaddress.ip_network(f"{self.addr}/{self.prefixlen - MRC_OVL_FAMILY_BITS}")
 
 
 @_struct
@@ -748,7 +816,8 @@ class HealthStats(_Counters):
     C_NAME: ClassVar[str] = "mrc_hstats"
     LAYOUT: ClassVar = tuple((n, "Q") for n in (
         "hedged", "hedge_no_path", "dedup_drops", "dead", "recovered", "min_active_held",
-        "fallback", "events_lost", "retx_steered", "rx_gso_units", "rx_gso_segs"))
+        "fallback", "events_lost", "retx_steered", "rx_gso_units", "rx_gso_segs", "ecn_avoided",
+        "fb_frames", "fb_limited"))
 
 
 @_struct
@@ -770,15 +839,24 @@ class TxFlows(_Struct):
 
 @_struct
 class AuthInner(_Struct):
-    """struct mrc_auth_inner: the inner headers a MAC covers (network order)."""
+    """struct mrc_auth_inner: the inner headers a MAC covers (network order);
+    an IPv4 block is its first 20 bytes (MRC_AUTH_MSG_LEN), an IPv6 one all
+    44 (MRC_AUTH_MSG_LEN6)."""
     C_NAME: ClassVar[str] = "mrc_auth_inner"
     ORDER: ClassVar[str] = "!"
-    LAYOUT: ClassVar = (("saddr", "4s"), ("daddr", "4s"), ("proto", "B"), ("rsvd", "3s"),
-                        ("sport", "H"), ("dport", "H"), ("rsvd2", "I"))
+    LAYOUT: ClassVar = (("saddr", "4s"), ("daddr", "4s"), ("proto", "B"), ("v6", "B"), ("rsvd", "2s"),
+                        ("sport", "H"), ("dport", "H"), ("rsvd2", "I"), ("saddr6", "12s"),
+                        ("daddr6", "12s"))
 
     @classmethod
     def of_inner(cls, ip: bytes) -> "AuthInner":
-        """As bpf/auth.h auth_inner() reads an inner IPv4 packet."""
+        """As bpf/auth.h auth_inner() reads an inner IPv4 or IPv6 packet."""
+        if len(ip) >= 40 and ip[0] >> 4 == 6:
+            ai = cls(saddr=ip[20:24], daddr=ip[36:40], proto=ip[6], v6=6, saddr6=ip[8:20],
+                     daddr6=ip[24:36])
+            if ip[6] in (6, 17) and len(ip) >= 44:
+                ai.sport, ai.dport = struct.unpack("!HH", ip[40:44])
+            return ai
         if len(ip) < 20 or ip[0] >> 4 != 4 or ip[0] & 15 < 5:
             return cls()
         ai = cls(saddr=ip[12:16], daddr=ip[16:20], proto=ip[9])
@@ -787,6 +865,11 @@ class AuthInner(_Struct):
         if ip[9] in (6, 17) and not frag and len(ip) >= ihl + 4:
             ai.sport, ai.dport = struct.unpack("!HH", ip[ihl:ihl + 4])
         return ai
+
+    def block(self) -> bytes:
+        """The bytes the MAC covers: 20 for IPv4 (or none), 44 for IPv6."""
+        b = self.pack()
+        return b if self.v6 else b[:MRC_AUTH_MSG_LEN - MRC_HDR_LEN]
 
 
 @_struct
@@ -838,12 +921,14 @@ class Acl(_Struct):
 
 
 ALL_STRUCTS: tuple[type[_Struct], ...] = (
-    MrcHdr, Config, Peer, Slots, Path, PathLive, PeerSeq, PathStats, RxKey, RxPeer,
+    MrcHdr, Config, Peer, Slots, Path, PathLive, PeerSeq, PathStats, PathCnt, RxKey, RxPeer,
     RxWin, Reorder, FlowletKey, Flowlet, PathDelay, OvlKey, ProbeNonce)
 # path health (bpf/judge.h, bpf/evidence.h)
 ALL_STRUCTS += (Event, HealthStats, Dedup, TxFlows)
 # issue #13.9 / #13.10: bpf/auth.h, bpf/acl.h
 ALL_STRUCTS += (AuthInner, AuthKey, AclRule, Acl)
+# bpf/congest.h
+ALL_STRUCTS += (PathCong,)
 
 
 @_struct
@@ -861,7 +946,22 @@ class CtlReq(_Struct):
     LAYOUT: ClassVar = (("op", "I"), ("peer", "I"), ("path", "I"), ("rsvd", "I"))
 
 
-ALL_STRUCTS += (RxEpoch, CtlReq)
+@_struct
+class ProbeOut(_Struct):
+    """struct mrc_probe_out: one probe of a generator run."""
+    C_NAME: ClassVar[str] = "mrc_probe_out"
+    LAYOUT: ClassVar = (("ifindex", "I"), ("len", "H"), ("mrc_off", "H"), ("peer", "I"), ("seq", "I"),
+                        ("nonce", "Q"), ("frame", f"{MRC_PROBE_FRAME_MAX}s"))
+
+
+@_struct
+class ProbeRun(_Struct):
+    """struct mrc_probe_run: the tail of a generator run's input frame."""
+    C_NAME: ClassVar[str] = "mrc_probe_run"
+    LAYOUT: ClassVar = (("gen", "I"), ("n", "I"))
+
+
+ALL_STRUCTS += (RxEpoch, CtlReq, ProbeOut, ProbeRun)
 
 
 # path MTU (bpf/pmtu.h)
@@ -871,3 +971,56 @@ ALL_STRUCTS += (PathMtu,)
 def replace(obj, **changes):
     """dataclasses.replace, re-exported for callers building map values."""
     return dataclasses.replace(obj, **changes)
+
+
+@_struct
+class Sizing(_Struct):
+    """struct mrc_sizing: how many entries the per-peer maps have (`peers`)
+    and each peer's stretch of the per-path maps (`1 << path_shift`, the
+    stride). The loader writes it into every object's .rodata.sizing and
+    sizes the maps to match (objects.load_objects); a running datapath's
+    sizing follows from its maps' sizes (of_maps), so its readers never
+    need the config that made it."""
+    C_NAME: ClassVar[str] = "mrc_sizing"
+    LAYOUT: ClassVar = (("peers", "I"), ("path_shift", "I"))
+    DEFAULTS: ClassVar = {"peers": MRC_DEFAULT_PEERS, "path_shift": MRC_PATH_SHIFT_MAX}
+
+    def __post_init__(self):
+        if not (1 <= self.peers <= MRC_PEERS_LIMIT and 0 <= self.path_shift <= MRC_PATH_SHIFT_MAX):
+            raise ValueError(f"sizing {self.peers} peers / path shift {self.path_shift} out of range")
+
+    @classmethod
+    def of(cls, peers: int, paths: int) -> "Sizing":
+        """Room for `peers` peers of up to `paths` paths each (the stride:
+        the next power of two)."""
+        return cls(peers=peers, path_shift=max(0, paths - 1).bit_length())
+
+    @classmethod
+    def of_maps(cls, peer_entries: int, path_entries: int) -> "Sizing":
+        """The sizing of maps this big (mrc_peers, mrc_paths)."""
+        return cls(peers=peer_entries, path_shift=(path_entries // peer_entries).bit_length() - 1)
+
+    @property
+    def stride(self) -> int:
+        return 1 << self.path_shift
+
+    @property
+    def path_entries(self) -> int:
+        return self.peers << self.path_shift
+
+    def path_idx(self, peer: int, path: int) -> int:
+        """MRC_PATH_IDX(peer, path): index into the per-path maps (mrc_paths,
+        mrc_live, mrc_path_stats, ...)."""
+        if not (0 <= peer < self.peers and 0 <= path < self.stride):
+            raise ValueError(f"peer {peer} / path {path} out of range "
+                             f"({self.peers} peers x {self.stride} paths)")
+        return peer << self.path_shift | path
+
+    def path_key(self, peer: int, path: int) -> bytes:
+        """The map key of (peer, path) in the per-path maps."""
+        return u32(self.path_idx(peer, path))
+
+
+# what an object loaded as compiled has (helper tests; load_objects() given no sizing)
+DEFAULT_SIZING = Sizing()
+ALL_STRUCTS += (Sizing,)

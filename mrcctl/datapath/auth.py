@@ -58,9 +58,9 @@ def siphash24(key: bytes, msg: bytes) -> int:
 
 def mac(key: bytes, mrc_hdr: bytes, inner: bytes | None = None) -> bytes:
     """The MAC behind an MRC header (which must carry MRC_F_AUTH): over the
-    header and the inner block of the inner IPv4 packet `inner` (None for
-    PROBE / PROBE_REPLY: zeros)."""
-    block = (wire.AuthInner.of_inner(inner) if inner is not None else wire.AuthInner()).pack()
+    header and the inner block of the inner IPv4 or IPv6 packet `inner`
+    (None for PROBE / PROBE_REPLY: zeros)."""
+    block = (wire.AuthInner.of_inner(inner) if inner is not None else wire.AuthInner()).block()
     msg = bytes(mrc_hdr[:wire.MRC_HDR_LEN]) + block
-    assert len(msg) == wire.MRC_AUTH_MSG_LEN
+    assert len(msg) in (wire.MRC_AUTH_MSG_LEN, wire.MRC_AUTH_MSG_LEN6)
     return siphash24(key, msg).to_bytes(8, "little")

@@ -27,7 +27,7 @@ from typing import Callable
 __all__ = [
     "LibbpfError", "num_possible_cpus", "Map", "Program", "BpfObject",
     "RingBuffer", "obj_pin", "obj_get", "prog_info", "map_info",
-    "recent_log", "PERCPU_MAP_TYPES", "prog_ids", "tc_query", "TC_INGRESS", "TC_EGRESS",
+    "recent_log", "PERCPU_MAP_TYPES", "prog_ids", "programs_using", "tc_query", "TC_INGRESS", "TC_EGRESS",
 ]
 
 _lib = ctypes.CDLL("libbpf.so.1", use_errno=True)
@@ -55,6 +55,9 @@ BPF_EXIST = 2
 BPF_OBJ_NAME_LEN = 16
 
 
+BPF_F_TEST_XDP_LIVE_FRAMES = 1 << 1
+
+
 class LibbpfError(OSError):
     """A libbpf call failed. .errno is the errno; str() names the call."""
 
@@ -74,7 +77,9 @@ class LibbpfError(OSError):
 # libbpf's print callback -> ring of recent lines
 
 _LOG_LINES = 2000
-_log: collections.deque[tuple[int, int, str]] = collections.deque(maxlen=_LOG_LINES)
+# (seq, level, line, thread): objects load in parallel threads (the callback
+# runs in the loading thread), and a failure reports its own thread's lines
+_log: collections.deque[tuple[int, int, str, int]] = collections.deque(maxlen=_LOG_LINES)
 _log_seq = 0
 _log_lock = threading.Lock()
 _echo = bool(os.environ.get("MRC_LIBBPF_DEBUG"))
@@ -93,17 +98,19 @@ def _print_cb(level: int, fmt: bytes, args: int) -> int:
     global _log_seq
     if level >= _LIBBPF_DEBUG and not _echo:
         return 0
-    buf = ctypes.create_string_buffer(8192)
+    # a failed load's verifier log comes as one message: keep its tail
+    buf = ctypes.create_string_buffer(1 << 20)
     n = _libc.vsnprintf(buf, len(buf), fmt, args)
     if n < 0:
         return 0
     text = buf.value.decode("utf-8", "replace")
     if _echo:
         sys.stderr.write(text)
+    tid = threading.get_ident()
     with _log_lock:
         for line in text.splitlines():
             _log_seq += 1
-            _log.append((_log_seq, level, line))
+            _log.append((_log_seq, level, line, tid))
     return 0
 
 
@@ -120,7 +127,8 @@ def _log_mark() -> int:
 
 def _log_since(mark: int, limit: int = 60) -> str:
     with _log_lock:
-        lines = [line for seq, _lvl, line in _log if seq > mark]
+        tid = threading.get_ident()
+        lines = [line for seq, _lvl, line, t in _log if seq > mark and t == tid]
     if len(lines) > limit:
         lines = ["..."] + lines[-limit:]
     return "\n".join(lines)
@@ -130,7 +138,7 @@ def recent_log(n: int = 100) -> list[str]:
     """The last n lines libbpf printed (warnings and info; debug too when
     MRC_LIBBPF_DEBUG is set)."""
     with _log_lock:
-        return [line for _s, _l, line in list(_log)[-n:]]
+        return [line for _s, _l, line, _t in list(_log)[-n:]]
 
 
 # ---------------------------------------------------------------------------
@@ -160,6 +168,14 @@ class _ObjectOpenOpts(ctypes.Structure):
         ("kernel_log_size", ctypes.c_size_t),
         ("kernel_log_level", ctypes.c_uint32),
     ]
+
+
+class _BatchOpts(ctypes.Structure):
+    _fields_ = [("sz", ctypes.c_size_t), ("elem_flags", ctypes.c_uint64), ("flags", ctypes.c_uint64)]
+
+
+def _batch_opts(elem_flags: int = 0):
+    return ctypes.byref(_BatchOpts(sz=ctypes.sizeof(_BatchOpts), elem_flags=elem_flags, flags=0))
 
 
 class _TestRunOpts(ctypes.Structure):
@@ -208,6 +224,19 @@ class _BpfProgInfo(ctypes.Structure):
         ("nr_map_ids", _c_u32), ("map_ids", ctypes.c_uint64),
         ("name", ctypes.c_char * BPF_OBJ_NAME_LEN),
         ("ifindex", _c_u32), ("gpl_compatible", _c_u32),
+        ("netns_dev", ctypes.c_uint64), ("netns_ino", ctypes.c_uint64),
+        ("nr_jited_ksyms", _c_u32), ("nr_jited_func_lens", _c_u32),
+        ("jited_ksyms", ctypes.c_uint64), ("jited_func_lens", ctypes.c_uint64),
+        ("btf_id", _c_u32), ("func_info_rec_size", _c_u32), ("func_info", ctypes.c_uint64),
+        ("nr_func_info", _c_u32), ("nr_line_info", _c_u32), ("line_info", ctypes.c_uint64),
+        ("jited_line_info", ctypes.c_uint64), ("nr_jited_line_info", _c_u32),
+        ("line_info_rec_size", _c_u32), ("jited_line_info_rec_size", _c_u32),
+        ("nr_prog_tags", _c_u32), ("prog_tags", ctypes.c_uint64),
+        ("run_time_ns", ctypes.c_uint64), ("run_cnt", ctypes.c_uint64),
+        ("recursion_misses", ctypes.c_uint64),
+        # instructions the verifier processed (5.16+; 0 on older kernels)
+        ("verified_insns", _c_u32),
+        ("attach_btf_obj_id", _c_u32), ("attach_btf_id", _c_u32), ("_pad", _c_u32),
     ]
 
 
@@ -236,6 +265,9 @@ _bpf_map_lookup_elem = _proto("bpf_map_lookup_elem", _c_int, _c_int, _vp, _vp)
 # (fd, in_batch, out_batch, keys, values, count in/out, opts)
 _bpf_map_lookup_batch = _proto("bpf_map_lookup_batch", _c_int, _c_int, _vp, _vp, _vp, _vp,
                                ctypes.POINTER(_c_u32), _vp)
+# (fd, keys, values, count in/out, opts)
+_bpf_map_update_batch = _proto("bpf_map_update_batch", _c_int, _c_int, _vp, _vp,
+                               ctypes.POINTER(_c_u32), _vp)
 _bpf_map_update_elem = _proto("bpf_map_update_elem", _c_int, _c_int, _vp, _vp, ctypes.c_uint64)
 _bpf_map_delete_elem = _proto("bpf_map_delete_elem", _c_int, _c_int, _vp)
 _bpf_map_get_next_key = _proto("bpf_map_get_next_key", _c_int, _c_int, _vp, _vp)
@@ -252,8 +284,12 @@ _bpf_map__type = _proto("bpf_map__type", _c_int, _vp)
 _bpf_map__key_size = _proto("bpf_map__key_size", _c_u32, _vp)
 _bpf_map__value_size = _proto("bpf_map__value_size", _c_u32, _vp)
 _bpf_map__max_entries = _proto("bpf_map__max_entries", _c_u32, _vp)
+_bpf_map__map_flags = _proto("bpf_map__map_flags", _c_u32, _vp)
+_bpf_map__set_max_entries = _proto("bpf_map__set_max_entries", _c_int, _vp, _c_u32)
+_bpf_map__set_initial_value = _proto("bpf_map__set_initial_value", _c_int, _vp, _vp, ctypes.c_size_t)
 _bpf_program__fd = _proto("bpf_program__fd", _c_int, _vp)
 _bpf_program__name = _proto("bpf_program__name", _cp, _vp)
+_bpf_program__set_autoload = _proto("bpf_program__set_autoload", _c_int, _vp, ctypes.c_bool)
 _ring_buffer__new = _proto("ring_buffer__new", _vp, _c_int, _SAMPLE_FN, _vp, _vp)
 _ring_buffer__poll = _proto("ring_buffer__poll", _c_int, _vp, _c_int)
 _ring_buffer__consume = _proto("ring_buffer__consume", _c_int, _vp)
@@ -327,13 +363,31 @@ def prog_ids() -> list[int]:
     return out
 
 
+def programs_using(map_id: int) -> list[str]:
+    """Names of the loaded programs that use map `map_id` (what a loader
+    really loaded, bpftool-free)."""
+    out = []
+    for pid in prog_ids():
+        try:
+            fd = _check(f"bpf_prog_get_fd_by_id({pid})", _bpf_prog_get_fd_by_id(pid))
+        except OSError:
+            continue        # gone meanwhile
+        try:
+            info = prog_info(fd, map_ids=True)
+        finally:
+            os.close(fd)
+        if map_id in info["map_ids"]:
+            out.append(info["name"])
+    return sorted(out)
+
+
 def prog_info(fd: int, map_ids: bool = False) -> dict:
     info = _BpfProgInfo()
     _info(fd, info, "prog")
     out = {
         "id": info.id, "type": info.type, "name": info.name.decode(),
         "tag": bytes(info.tag).hex(), "load_time": info.load_time,
-        "nr_map_ids": info.nr_map_ids,
+        "nr_map_ids": info.nr_map_ids, "verified_insns": info.verified_insns,
     }
     if map_ids:
         ids = (_c_u32 * max(info.nr_map_ids, 1))()
@@ -413,15 +467,18 @@ class Map(_Fd):
         self.value_size = info["value_size"]
         self.max_entries = info["max_entries"]
         self.map_type = info["type"]
+        self.map_flags = info["map_flags"]
 
     @classmethod
     def from_id(cls, map_id: int) -> "Map":
         return _adopt(cls, _check(f"bpf_map_get_fd_by_id({map_id})", _bpf_map_get_fd_by_id(map_id)))
 
     @property
-    def definition(self) -> tuple[int, int, int, int]:
-        """(type, key_size, value_size, max_entries), as in BpfObject.map_def."""
-        return (self.map_type, self.key_size, self.value_size, self.max_entries)
+    def definition(self) -> tuple[int, int, int, int, int]:
+        """(type, key_size, value_size, max_entries, map_flags), as in
+        BpfObject.map_def. The flags are part of a layout: mrc_live's values
+        line up with cache lines only in an mmapable array (bpf/path.h)."""
+        return (self.map_type, self.key_size, self.value_size, self.max_entries, self.map_flags)
 
     @property
     def percpu(self) -> bool:
@@ -454,21 +511,66 @@ class Map(_Fd):
         peer's paths this way: one system call, not one per path."""
         if self.key_size != 4 or self.percpu:
             raise ValueError(f"map {self.name}: lookup_range wants a plain array map")
+        return self.read_range(first, count)
+
+    def read_range(self, first: int, count: int) -> list[bytes]:
+        """Any array map (per-CPU ones too, every CPU's value as lookup()
+        returns them): the values at first..first+count-1 in one call."""
+        raw = self.read_raw(first, count)
+        vs = self._full_value_size()
+        return [raw[i:i + vs] for i in range(0, len(raw), vs)]
+
+    def read_raw(self, first: int, count: int) -> bytes:
+        """read_range's values as one buffer, value after value (fewer at
+        the map's end): what a caller that scans one field of thousands of
+        entries slices (raw[offset::value_size]) instead of a list."""
         count = max(0, min(count, self.max_entries - first))
         if count == 0:
-            return []
+            return b""
         # the batch resumes after in_batch's key: the one before `first`
         start = ctypes.c_uint32(first - 1) if first else None
         out_batch = ctypes.c_uint32(0)
+        vs = self._full_value_size()
         keys = ctypes.create_string_buffer(4 * count)
-        vals = ctypes.create_string_buffer(self.value_size * count)
+        vals = ctypes.create_string_buffer(vs * count)
         n = _c_u32(count)
         ret = _bpf_map_lookup_batch(self.fd, ctypes.byref(start) if start is not None else None,
                                     ctypes.byref(out_batch), keys, vals, ctypes.byref(n), None)
         if ret < 0 and ret != -_errno.ENOENT:    # ENOENT: the map's end, n holds what was read
             _check(f"bpf_map_lookup_batch({self.name})", ret)
-        raw, vs = vals.raw, self.value_size
-        return [raw[i * vs:(i + 1) * vs] for i in range(n.value)]
+        return ctypes.string_at(vals, n.value * vs)
+
+    def update_batch(self, keys: list[bytes], values: list[bytes], flags: int = BPF_ANY) -> None:
+        """Many updates in one BPF_MAP_UPDATE_BATCH call (values as
+        update() takes them; per-CPU maps: one value for every CPU, or all
+        CPUs' values). What `up` writes thousands of entries with."""
+        if len(keys) != len(values):
+            raise ValueError("update_batch: as many keys as values")
+        if not keys:
+            return
+        want = self._full_value_size()
+        if self.percpu:
+            step = _round8(self.value_size)
+            values = [v.ljust(step, b"\0") * num_possible_cpus() if len(v) == self.value_size else v
+                      for v in values]
+        for k, v in zip(keys, values):
+            if len(k) != self.key_size or len(v) != want:
+                raise ValueError(f"map {self.name}: batch entry of {len(k)}/{len(v)} bytes, "
+                                 f"want {self.key_size}/{want}")
+        kb = ctypes.create_string_buffer(b"".join(keys), self.key_size * len(keys))
+        vb = ctypes.create_string_buffer(b"".join(values), want * len(values))
+        # the kernel caps one call at what it can copy; chunk like libbpf users do
+        done = 0
+        while done < len(keys):
+            n = _c_u32(len(keys) - done)
+            ret = _bpf_map_update_batch(self.fd, ctypes.byref(kb, done * self.key_size),
+                                        ctypes.byref(vb, done * want), ctypes.byref(n),
+                                        _batch_opts(flags))
+            if ret < 0:
+                _check(f"bpf_map_update_batch({self.name})", ret)
+            if n.value == 0:
+                raise LibbpfError(f"bpf_map_update_batch({self.name})", _errno.EIO)
+            done += n.value
 
     def lookup_percpu(self, key: bytes) -> list[bytes]:
         """Per-CPU maps: one value_size-byte value per possible CPU
@@ -578,6 +680,24 @@ class Program(_Fd):
             return opts.retval, dout.raw[:opts.data_size_out], opts.duration
         raise LibbpfError(f"bpf_prog_test_run_opts({self.name})", _errno.ENOSPC)
 
+    def run_live(self, data: bytes, repeat: int, batch_size: int = 0) -> None:
+        """BPF_PROG_TEST_RUN with BPF_F_TEST_XDP_LIVE_FRAMES (XDP programs,
+        kernel >= 5.18): the program runs `repeat` times, each on a frame
+        of a page pool filled from `data` (and recycled with what earlier
+        runs wrote into it), and every frame it redirects is transmitted
+        (XDP_TX out of the loopback, XDP_REDIRECT out of the target's
+        ndo_xdp_xmit); nothing comes back but an error. What
+        xdp-trafficgen sends with; mrc's probe generator too."""
+        data = bytes(data)
+        din = ctypes.create_string_buffer(data, len(data))
+        opts = _TestRunOpts(sz=ctypes.sizeof(_TestRunOpts))
+        opts.data_in = ctypes.cast(din, _vp)
+        opts.data_size_in = len(data)
+        opts.repeat = repeat
+        opts.flags = BPF_F_TEST_XDP_LIVE_FRAMES
+        opts.batch_size = batch_size
+        _check(f"bpf_prog_test_run_opts({self.name}, live frames)", _bpf_prog_test_run_opts(self.fd, ctypes.byref(opts)))
+
     def __repr__(self) -> str:
         return f"Program({self.name!r}, id={self.id}, fd={self.fd})"
 
@@ -620,14 +740,42 @@ class BpfObject(_Closing):
             raise LibbpfError(f"map {name} in {self.path}", _errno.ENOENT)
         _check(f"bpf_map__reuse_fd({name})", _bpf_map__reuse_fd(ptr, fd))
 
-    def map_def(self, name: str) -> tuple[int, int, int, int] | None:
-        """(type, key_size, value_size, max_entries) this object declares for
-        map `name` (before load), or None if it has no such map."""
+    def set_max_entries(self, name: str, n: int) -> None:
+        """Before load: size map `name` (what the loader does from the config)."""
+        ptr = _bpf_object__find_map_by_name(self._obj, name.encode())
+        if not ptr:
+            raise LibbpfError(f"map {name} in {self.path}", _errno.ENOENT)
+        _check(f"bpf_map__set_max_entries({name}, {n})", _bpf_map__set_max_entries(ptr, n))
+
+    def set_section(self, section: str, data: bytes) -> bool:
+        """Before load: the initial contents of a global-data section (e.g.
+        ".rodata.sizing"); False if the object has no such section."""
+        ptr = _bpf_object__find_map_by_name(self._obj, section.encode())
+        if not ptr:
+            return False
+        buf = ctypes.create_string_buffer(data, len(data))
+        _check(f"bpf_map__set_initial_value({section})",
+               _bpf_map__set_initial_value(ptr, buf, len(data)))
+        return True
+
+    def has_program(self, name: str) -> bool:
+        return bool(_bpf_object__find_program_by_name(self._obj, name.encode()))
+
+    def set_autoload(self, name: str, on: bool) -> None:
+        """Before load: whether program `name` is loaded (verified) at all."""
+        ptr = _bpf_object__find_program_by_name(self._obj, name.encode())
+        if not ptr:
+            raise LibbpfError(f"program {name} in {self.path}", _errno.ENOENT)
+        _check(f"bpf_program__set_autoload({name})", _bpf_program__set_autoload(ptr, on))
+
+    def map_def(self, name: str) -> tuple[int, int, int, int, int] | None:
+        """(type, key_size, value_size, max_entries, map_flags) this object
+        declares for map `name` (before load), or None if it has no such map."""
         ptr = _bpf_object__find_map_by_name(self._obj, name.encode())
         if not ptr:
             return None
         return (_bpf_map__type(ptr), _bpf_map__key_size(ptr), _bpf_map__value_size(ptr),
-                _bpf_map__max_entries(ptr))
+                _bpf_map__max_entries(ptr), _bpf_map__map_flags(ptr))
 
     def map(self, name: str) -> Map:
         ptr = _bpf_object__find_map_by_name(self._obj, name.encode())

@@ -27,6 +27,8 @@ class Datapath:
     agent) hold the objects.
     """
 
+    _sizing: abi.Sizing | None = None
+
     def __init__(self, inst: Record):
         self.inst = inst
         self.state = inst.read()
@@ -59,20 +61,53 @@ class Datapath:
             raise MrcError(f"{self.inst.overlay}: program {name} unknown; run `mrcctl up`")
         return Program.from_id(pid)
 
+    @property
+    def sizing(self) -> abi.Sizing:
+        """How this datapath's maps are sized (their sizes say it)."""
+        if self._sizing is None:
+            self._sizing = abi.Sizing.of_maps(self.map("mrc_peers").max_entries,
+                                              self.map("mrc_paths").max_entries)
+        return self._sizing
+
+    def path_key(self, peer: int, path_id: int) -> bytes:
+        """The key of (peer, path) in this datapath's per-path maps."""
+        return self.sizing.path_key(peer, path_id)
+
+    def path_idx(self, peer: int, path_id: int) -> int:
+        return self.sizing.path_idx(peer, path_id)
+
     def path(self, peer: int, path_id: int) -> tuple[abi.Path, abi.PathLive]:
         """A path's entry (mrc_paths, with .admin from mrc_admin) and its
         liveness (mrc_live)."""
-        key = abi.path_key(peer, path_id)
+        key = self.path_key(peer, path_id)
         p = abi.Path.unpack(self.map("mrc_paths").lookup(key))
         p.admin = abi.unpack_u32(self.map("mrc_admin").lookup(key))
         return p, abi.PathLive.unpack(self.map("mrc_live").lookup(key))
+
+    def counters(self, peer: int, path_id: int) -> abi.PathCounters:
+        """Every counter of a path (mrc_path_stats over the CPUs, mrc_path_cnt)."""
+        key = self.path_key(peer, path_id)
+        return abi.PathCounters.of(self.map("mrc_path_stats").lookup_percpu(key),
+                                   self.map("mrc_path_cnt").lookup(key))
+
+    def paths_of(self, peer: int, n_paths: int) -> list[tuple[abi.Path, abi.PathLive]]:
+        """path() of the peer's paths 0..n_paths-1, in three system calls."""
+        first = self.path_idx(peer, 0)
+        out = []
+        for e, a, lv in zip(self.map("mrc_paths").lookup_range(first, n_paths),
+                            self.map("mrc_admin").lookup_range(first, n_paths),
+                            self.map("mrc_live").lookup_range(first, n_paths)):
+            p = abi.Path.unpack(e)
+            p.admin = abi.unpack_u32(a)
+            out.append((p, abi.PathLive.unpack(lv)))
+        return out
 
     def usable(self, peer: int, path_id: int) -> bool:
         return abi.path_usable(*self.path(peer, path_id))
 
     def usable_paths(self, peer: int, n_paths: int) -> list[bool]:
         """usable() of the peer's paths 0..n_paths-1, read in three system calls."""
-        first = abi.path_idx(peer, 0)
+        first = self.path_idx(peer, 0)
         ents = self.map("mrc_paths").lookup_range(first, n_paths)
         admins = self.map("mrc_admin").lookup_range(first, n_paths)
         lives = self.map("mrc_live").lookup_range(first, n_paths)

@@ -73,7 +73,7 @@ def write_admin(dp: Datapath, peer: cfgmod.Peer, paths: list[cfgmod.Path], deny:
     want = wire.PathState.DENIED if deny else wire.PathState.GOOD
     out = []
     for path in paths:
-        key = wire.path_key(peer.index, path.id)
+        key = dp.path_key(peer.index, path.id)
         if wire.unpack_u32(admin_m.lookup(key)) == want:
             continue
         admin_m.update(key, wire.u32(want))

@@ -10,6 +10,7 @@ import dataclasses
 import difflib
 import hashlib
 import ipaddress
+import os
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -78,7 +79,7 @@ def acl_rule_text(r: wire.AclRule) -> str:
     return " ".join(terms) or "any"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Plane:
     index: int
     device: str
@@ -90,7 +91,7 @@ class Plane:
     rx_hook: str = RX_HOOK_DEFAULT
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Path:
     """(plane, EV) toward one peer; `id` is what goes into the MRC header."""
     id: int
@@ -109,11 +110,13 @@ class Path:
         return f"{self.plane.device}/{self.ev}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Peer:
     index: int
     name: str
-    overlay: ipaddress.IPv4Address
+    # peer[].overlay: its overlay addresses, at most one per family, in
+    # the order given
+    overlays: tuple[ipaddress.IPv4Address | ipaddress.IPv6Address, ...]
     evs_per_plane: int
     ev_base: int
     spray: str
@@ -125,6 +128,22 @@ class Peer:
     flowlet_gap_us: int = 0
     # peer.key_file: a key for this peer pair instead of security.key_file
     key_file: str | None = None
+    # peer[].prefixes: networks behind the peer (pods, containers), routed
+    # to it through the overlay
+    prefixes: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
+
+    @property
+    def overlay(self) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+        """The first overlay address (the one a single-family config has)."""
+        return self.overlays[0]
+
+    def owned(self) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+        """What the peer owns in mrc_ovl_owner (and what is routed to it):
+        its overlay addresses as /32, /128, then its prefixes."""
+        return [ipaddress.ip_network(a) for a in self.overlays] + list(self.prefixes)
+    # where it is defined: "inline" (a [[peer]] table of the config file)
+    # or the path of its file in [peers] dir
+    source: str = "inline"
 
 
 WEIGHT_MODES = ("fixed", "adaptive")
@@ -137,6 +156,7 @@ class Weights:
     mode: str = "fixed"
     interval_ms: float = 10.0
     min_weight: float = 0.02      # floor of a usable path's share, so it keeps being measured
+    ecn_hold_us: float = 1000.0   # after a CE echo the slot walk passes the path over this long (bpf/congest.h)
 
 
 @dataclass(frozen=True)
@@ -152,10 +172,23 @@ class Health:
     hedge_after_ms: float | None = None  # suspect threshold; None = dead_after_ms / 2
     # EV probes per second per host at most (the agent's Prober)
     probe_budget: int = 2000
+    # how probes leave: "packet" (AF_PACKET, one sendmmsg per plane and round, through the
+    # host's egress path) or "xdp" (the probe generator, bpf/probe_gen.bpf.c: one live-frames
+    # test run per 256 probes, past qdisc, tc and netfilter egress; planes whose driver cannot
+    # transmit redirected frames still use "packet")
+    probe_sender: str = "packet"
+    # a plane with rx_hook = "tc" answers one-way traffic with feedback frames (bpf/feedback.h)
+    feedback_frames: bool = True
 
     @property
     def hedge_after(self) -> float:
         return self.hedge_after_ms if self.hedge_after_ms is not None else self.dead_after_ms / 2
+
+
+# Path slots (peers x stride) cheap enough to give by default: 64 peers x
+# 256 paths, what the maps always held before they were sized from the
+# config (about 6 MiB on 2 CPUs).
+ROOMY_SLOTS = 64 * 256
 
 
 @dataclass(frozen=True)
@@ -163,7 +196,8 @@ class Config:
     source: str
     digest: str
     overlay_device: str
-    overlay_address: ipaddress.IPv4Interface
+    # overlay.address: this host's overlay addresses, at most one per family
+    overlay_addresses: tuple[ipaddress.IPv4Interface | ipaddress.IPv6Interface, ...]
     mtu: int | None
     udp_port: int
     planes: tuple[Plane, ...]
@@ -180,6 +214,55 @@ class Config:
     gso_max_size: int | None = None
     # [security] key_file: the cluster key (None: no authentication)
     key_file: str | None = None
+    # overlay.prefixes: networks served here besides the overlay addresses
+    # (pods behind this host), which peers may send to
+    overlay_prefixes: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
+
+    @property
+    def overlay_address(self) -> ipaddress.IPv4Interface | ipaddress.IPv6Interface:
+        """The first overlay address (the one a single-family config has)."""
+        return self.overlay_addresses[0]
+
+    def overlay_families(self) -> set[int]:
+        return {a.version for a in self.overlay_addresses}
+
+    def local_owned(self) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+        """What mrc_ovl_owner marks as served here: our overlay addresses
+        as /32, /128, and overlay.prefixes."""
+        return [ipaddress.ip_network(a.ip) for a in self.overlay_addresses] + list(self.overlay_prefixes)
+    # [peers] dir: a directory of one TOML file per peer, merged with the
+    # [[peer]] tables and watched by the agent (None: inline peers only)
+    peers_dir: str | None = None
+    # the digest of the config file alone (digest covers the peer files too)
+    file_digest: str = ""
+    # peer files left out because they do not validate (a lenient load)
+    peer_errors: tuple[str, ...] = ()
+    # [limits] max_peers / max_paths_per_peer: room the maps are sized for
+    # (None: derived from the peers, see sizing())
+    max_peers: int | None = None
+    max_paths_per_peer: int | None = None
+
+    def sizing(self) -> wire.Sizing:
+        """How big the datapath's maps are for this config (bpf/sizing.h).
+        Peers: limits.max_peers, else the peers configured plus 1/64 (at
+        least 16) for peers added later, in steps of 64, at least
+        MRC_DEFAULT_PEERS: a few more peers keep the maps as they are (more
+        resize them, keeping every peer's state, objects.carry_resized).
+        Paths: the stride, a power of two at least limits.max_paths_per_peer
+        and the largest peer's paths; without the limit, as many more as
+        keep the path slots within ROOMY_SLOTS (64 peers: 256 paths each),
+        so that a few more EVs or planes need no new maps either. Memory
+        per peer and path: docs/operator-guide.md ([limits])."""
+        # indices, not the count: a live membership leaves holes (assign_indices)
+        n = max(len(self.peers), max((p.index for p in self.peers), default=-1) + 1)
+        peers = self.max_peers or min(wire.MRC_PEERS_LIMIT, max(
+            wire.MRC_DEFAULT_PEERS, -(-(n + max(16, n // 64)) // 64) * 64))
+        need = [len(p.paths) for p in self.peers]
+        if self.max_paths_per_peer:
+            need.append(self.max_paths_per_peer)
+        else:
+            need.append(min(wire.MRC_MAX_PATHS, 1 << ((ROOMY_SLOTS // peers).bit_length() - 1)))
+        return wire.Sizing.of(peers, max(need))
 
     def key_file_of(self, peer: "Peer") -> str | None:
         """The key file authenticating traffic with a peer, if any."""
@@ -200,6 +283,19 @@ class Config:
         if self.gso_max_size:
             return self.gso_max_size
         return max(16384, 65536 // max(1, len(self.planes)))
+
+    @property
+    def index_span(self) -> int:
+        """1 + the highest peer index: how far a batch read over the
+        peers must reach (indices are stable, not dense: instance/members.py)."""
+        return 1 + max((p.index for p in self.peers), default=-1)
+
+    def peer_at(self, index: int) -> "Peer | None":
+        """The peer with map index `index`, if any."""
+        for p in self.peers:
+            if p.index == index:
+                return p
+        return None
 
     def plane(self, device: str) -> Plane:
         for p in self.planes:
@@ -289,7 +385,13 @@ def _table_array(doc: dict, key: str, most: int) -> list:
 
 # ---------------------------------------------------------------- the loader
 
-def load(path: str | pathlib.Path) -> Config:
+def load(path: str | pathlib.Path, peer_files: dict[str, bytes | None] | None = None,
+         strict: bool = True) -> Config:
+    """The config file with the peers of its [peers] dir. `peer_files`
+    (file name -> contents, None: absent) overrides what the directory holds,
+    so that a change can be validated before it is written. strict=False
+    leaves out peer files that do not validate (Config.peer_errors says
+    which and why): one bad file must not stop `status` or `down`."""
     path = pathlib.Path(path)
     try:
         raw = path.read_bytes()
@@ -297,7 +399,7 @@ def load(path: str | pathlib.Path) -> Config:
         raise ConfigError("no such file") from None
     except OSError as e:
         raise ConfigError(f"cannot read: {e.strerror}") from None
-    cfg = parse(raw, source=str(path.resolve()))
+    cfg = with_peers_dir(parse(raw, source=str(path.resolve())), peer_files, strict)
     if cfg.auth:
         # A new key in the same file is a change `up` must apply: fold the
         # key files' contents (hashed; unreadable ones are preflight's to
@@ -326,30 +428,26 @@ def parse(raw: bytes | str, source: str = "<string>") -> Config:
 
 
 def _build(doc: dict, source: str, digest: str) -> Config:
-    _check_keys("", doc, {"overlay", "plane", "peer", "health", "metrics", "weights", "security"})
+    _check_keys("", doc, {"overlay", "plane", "peer", "peers", "health", "metrics", "weights", "security",
+                          "limits"})
 
     overlay = _typed("overlay", doc.get("overlay", None) or {}, dict)
     if "overlay" not in doc:
         raise ConfigError("overlay: missing table [overlay]")
-    _check_keys("overlay", overlay, {"device", "address", "mtu", "udp_port", "gso_max_size"})
+    _check_keys("overlay", overlay, {"device", "address", "mtu", "udp_port", "gso_max_size", "prefixes"})
     device = _ifname("overlay.device", overlay.get("device", "mrc0"))
     if len(device) > 14:
         raise ConfigError(f"overlay.device: {device!r} is longer than 14 characters")
     if "address" not in overlay:
-        raise ConfigError("overlay.address: missing (e.g. \"172.31.0.1/24\")")
-    addr_s = _typed("overlay.address", overlay["address"], str)
-    try:
-        if "/" not in addr_s:
-            raise ValueError
-        ov_addr = ipaddress.IPv4Interface(addr_s)
-    except ValueError:
-        raise ConfigError(f"overlay.address: {addr_s!r} is not an IPv4 address with prefix length "
-                          "(the overlay carries IPv4)") from None
-    if ov_addr.ip.is_multicast or ov_addr.ip.is_unspecified or ov_addr.ip.is_loopback:
-        raise ConfigError(f"overlay.address: {addr_s!r} cannot be used as a host address")
+        raise ConfigError("overlay.address: missing (e.g. \"172.31.0.1/24\", or "
+                          "[\"172.31.0.1/24\", \"fd31::1/64\"] for both families)")
+    ov_addrs = _overlay_addresses(overlay["address"])
+    ov_prefixes = _prefixes("overlay.prefixes", overlay.get("prefixes", []))
     mtu = overlay.get("mtu")
     if mtu is not None:
-        mtu = _int_in("overlay.mtu", mtu, 576, 65535 - wire.MRC_OVERHEAD_V6)
+        # IPv6 needs links of 1280 bytes at least (RFC 8200)
+        mtu = _int_in("overlay.mtu", mtu, 1280 if 6 in {a.version for a in ov_addrs} else 576,
+                      65535 - wire.MRC_OVERHEAD_V6)
     udp_port = _int_in("overlay.udp_port", overlay.get("udp_port", wire.MRC_DEFAULT_UDP_PORT), 1, 65535)
     gso_max_size = overlay.get("gso_max_size")
     if gso_max_size is not None:
@@ -380,20 +478,286 @@ def _build(doc: dict, source: str, digest: str) -> Config:
 
     health = _health(doc.get("health", {}))
 
-    peers_raw = _table_array(doc, "peer", wire.MRC_MAX_PEERS)
+    max_peers, max_paths = _limits(doc.get("limits", {}))
+    n_raw = len(doc["peer"]) if isinstance(doc.get("peer"), list) else 0
+    if max_peers is not None and n_raw > max_peers:
+        raise ConfigError(f"peer: {n_raw} peers, more than limits.max_peers = {max_peers}")
+    peers_dir = _peers_table(doc.get("peers", {}))
+    if peers_dir is not None and not doc.get("peer"):
+        peers_raw = []          # peers may all come from the directory, or none yet
+    else:
+        peers_raw = _table_array(doc, "peer", wire.MRC_PEERS_LIMIT)
     peers: list[Peer] = []
+    seen = _Seen()
     for i, p in enumerate(peers_raw):
-        peers.append(_peer(i, _typed(f"peer[{i}]", p, dict), planes, ov_addr, peers))
-        _peer_conflicts(peers, udp_port)
+        peers.append(_peer(i, _typed(f"peer[{i}]", p, dict), planes, ov_addrs, seen))
+        _peer_conflicts(peers, udp_port, seen)
+        if max_paths is not None and len(peers[-1].paths) > max_paths:
+            raise ConfigError(f"peer[{i}]: {len(peers[-1].paths)} paths, more than limits.max_paths_per_peer "
+                              f"= {max_paths}")
+    _owner_conflicts(ov_addrs, ov_prefixes, peers)
 
     if sum(p.weight for p in planes) == 0:
         raise ConfigError("plane: every plane has weight 0, nothing could be sent")
-    return Config(source=source, digest=digest, overlay_device=device, overlay_address=ov_addr,
+    return Config(source=source, digest=digest, overlay_device=device, overlay_addresses=ov_addrs,
+                  overlay_prefixes=ov_prefixes,
                   mtu=mtu, udp_port=udp_port, planes=tuple(planes), peers=tuple(peers), health=health,
                   metrics_listen=_metrics(doc.get("metrics", {})),
                   metrics_per_path=_metrics_per_path(doc.get("metrics", {})),
                   weights=_weights(doc.get("weights", {})), gso_max_size=gso_max_size,
-                  key_file=_security(doc.get("security", {})))
+                  key_file=_security(doc.get("security", {})), peers_dir=peers_dir, file_digest=digest,
+                  max_peers=max_peers, max_paths_per_peer=max_paths)
+
+
+def _peers_table(t) -> str | None:
+    t = _typed("peers", t, dict)
+    _check_keys("peers", t, {"dir"})
+    if "dir" not in t:
+        return None
+    d = _typed("peers.dir", t["dir"], str)
+    if not d:
+        raise ConfigError("peers.dir: empty")
+    return d
+
+
+# ---------------------------------------------------------------- the peers directory
+
+PEER_FILE_SUFFIX = ".toml"
+
+
+def is_peer_file(name: str) -> bool:
+    """Which names in a peers directory are peers: NAME.toml, not hidden
+    (editors' and our own temporary files start with a dot, and so do the
+    `..data` links a Kubernetes ConfigMap volume is made of)."""
+    return name.endswith(PEER_FILE_SUFFIX) and not name.startswith(".") and len(name) > len(PEER_FILE_SUFFIX)
+
+
+def peers_dir_path(cfg: Config) -> pathlib.Path | None:
+    """[peers] dir, relative to the config file's directory."""
+    if cfg.peers_dir is None:
+        return None
+    d = pathlib.Path(cfg.peers_dir)
+    return d if d.is_absolute() else pathlib.Path(cfg.source).parent / d
+
+
+def with_peers_dir(cfg: Config, peer_files: dict[str, bytes | None] | None = None,
+                   strict: bool = True) -> Config:
+    """A parsed config with the peers of its [peers] dir (if any)."""
+    d = peers_dir_path(cfg)
+    if d is None:
+        return cfg
+    files = read_peers_dir(d)
+    for name, content in (peer_files or {}).items():
+        if content is None:
+            files.pop(name, None)
+        else:
+            files[name] = content
+    return merge_peer_files(cfg, str(d), files, strict)
+
+
+def read_peers_dir(d: pathlib.Path) -> dict[str, bytes]:
+    """File name -> contents of every peer file in `d`."""
+    try:
+        names = sorted(os.listdir(d))
+    except FileNotFoundError:
+        raise ConfigError(f"peers.dir: {d}: no such directory") from None
+    except NotADirectoryError:
+        raise ConfigError(f"peers.dir: {d}: not a directory") from None
+    except OSError as e:
+        raise ConfigError(f"peers.dir: {d}: cannot read: {e.strerror}") from None
+    out = {}
+    for name in names:
+        if not is_peer_file(name):
+            continue
+        try:
+            out[name] = (d / name).read_bytes()
+        except FileNotFoundError:
+            continue        # removed while we listed
+        except IsADirectoryError:
+            raise ConfigError(f"peers.dir: {d / name}: a directory, not a peer file") from None
+        except OSError as e:
+            raise ConfigError(f"{d / name}: cannot read: {e.strerror}") from None
+    return out
+
+
+def merge_peer_files(cfg: Config, d: str, files: dict[str, bytes], strict: bool = True) -> Config:
+    """`cfg` with the peers of `files` (name -> contents) after its inline
+    ones, in file name order: one TOML table per file, the keys of a [[peer]]
+    table; `name` defaults to the file name without .toml. A file with this
+    host's own overlay address is skipped. Every check of an
+    inline peer applies, across files too (a duplicate overlay address in
+    two files names both). The digest covers every file, so that `up` sees
+    a change."""
+    peers = list(cfg.peers)
+    seen = _Seen.of(peers)
+    errors = []
+    h = hashlib.sha256(cfg.digest.encode())
+    for fname in sorted(files):
+        raw = files[fname]
+        h.update(fname.encode() + b"\0" + hashlib.sha256(raw).digest())
+        try:
+            peer = _peer_file(cfg, pathlib.Path(d) / fname, raw, peers, seen)
+        except ConfigError as e:
+            if strict:
+                raise
+            errors.append(str(e))
+            continue
+        if peer is not None:
+            peers.append(peer)
+    # prefixes across files: one sweep over everything (a file at a time
+    # would be quadratic in the peers)
+    try:
+        _owner_conflicts(cfg.overlay_addresses, cfg.overlay_prefixes, peers)
+    except ConfigError as e:
+        if strict:
+            raise
+        errors.append(str(e))     # up (strict) refuses it; the others keep running
+    return dataclasses.replace(cfg, peers=tuple(peers), digest=h.hexdigest(), file_digest=cfg.digest,
+                               peer_errors=tuple(errors))
+
+
+def _peer_file(cfg: Config, path: pathlib.Path, raw: bytes, peers: list[Peer], seen: "_Seen") -> Peer | None:
+    """One peer file after `peers`; None: it is this host's own."""
+    where = str(path)
+    try:
+        doc = tomllib.loads(raw.decode())
+    except UnicodeDecodeError:
+        raise ConfigError(f"{where}: not UTF-8 text") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{where}: TOML syntax: {e}") from None
+    doc.setdefault("name", path.name[:-len(PEER_FILE_SUFFIX)])
+    ovs = doc.get("overlay")
+    ovs = [ovs] if isinstance(ovs, str) else ovs if isinstance(ovs, list) else []
+    if any(isinstance(o, str) and o in {str(a.ip) for a in cfg.overlay_addresses} for o in ovs):
+        # this host's own file: every node may mount the same directory
+        # (one Kubernetes ConfigMap for the cluster, deploy/kubernetes)
+        return None
+    limit = cfg.max_peers or wire.MRC_PEERS_LIMIT
+    if len(peers) >= limit:
+        raise ConfigError(f"{where}: more than {limit} peers, at most {limit} are supported"
+                          + (" (limits.max_peers)" if cfg.max_peers else ""))
+    _dir_duplicates(cfg, peers, seen, doc, where)
+    peer = _peer(len(peers), doc, list(cfg.planes), cfg.overlay_addresses, seen, where=f"{where}: peer")
+    peer = dataclasses.replace(peer, source=where)
+    _peer_conflicts([peer], cfg.udp_port, seen, where=f"{where}: peer")
+    if cfg.max_paths_per_peer is not None and len(peer.paths) > cfg.max_paths_per_peer:
+        raise ConfigError(f"{where}: {len(peer.paths)} paths, more than limits.max_paths_per_peer "
+                          f"= {cfg.max_paths_per_peer}")
+    return peer
+
+
+def _dir_duplicates(cfg: Config, peers: list[Peer], seen: "_Seen", doc: dict, where: str) -> None:
+    """A file's peer against those defined before it, naming where the
+    other one is (another file, or the config's [[peer]] tables)."""
+    def origin(q: Peer) -> str:
+        return q.source if q.source != "inline" else f"{cfg.source} ([[peer]] {q.name!r})"
+    name, overlay = doc.get("name"), doc.get("overlay")
+    if name not in seen.names and not (isinstance(overlay, str) and _maybe_ip(overlay) in seen.overlays):
+        return      # the common case, without a walk over thousands of peers
+    for q in peers:
+        if doc.get("name") == q.name:
+            raise ConfigError(f"{where}: name: peer {q.name!r} is already defined in {origin(q)}")
+        if isinstance(doc.get("overlay"), str) and doc["overlay"] == str(q.overlay):
+            raise ConfigError(f"{where}: overlay: {q.overlay} is already used by peer {q.name!r} (in {origin(q)})")
+
+
+def peer_toml(fields: dict) -> str:
+    """A peer file's text from [[peer]] keys (scalars and the underlay
+    table): what `mrcctl peer add` writes."""
+    lines, tables = [], []
+    for k, v in fields.items():
+        if isinstance(v, dict):
+            tables.append((k, v))
+        else:
+            lines.append(f"{k} = {_toml_scalar(v)}")
+    for k, t in tables:
+        lines.append(f"\n[{k}]")
+        lines += [f"{_toml_key(kk)} = {_toml_scalar(vv)}" for kk, vv in t.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _toml_key(k: str) -> str:
+    return k if re.fullmatch(r"[A-Za-z0-9_-]+", k) else '"' + k.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _toml_scalar(v) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    return '"' + str(v).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def assign_indices(cfg: Config, held: dict[str, int], retired: list[int] = ()) -> Config:
+    """The one place peer indices are allocated. A peer the running
+    instance knows (`held`: overlay address -> index) keeps its index;
+    a new one takes the lowest index nobody holds that was never used, and
+    only when none is left the one retired longest ago (`retired`, oldest
+    first; the indices of running peers that `cfg` no longer has are
+    retired too): a removed peer's index is not handed on while others
+    are free.
+    Whoever applies a change clears a retired index's state anyway
+    (instance/members.py); this only keeps reuse rare."""
+    keep: dict = {}
+    for p in cfg.peers:
+        i = held.get(str(p.overlay))
+        if i is not None and 0 <= i < wire.MRC_PEERS_LIMIT and i not in keep.values():
+            keep[p.overlay] = i
+    taken = set(keep.values())
+    # peers leaving in this same change retire their indices now
+    wanted = {str(p.overlay) for p in cfg.peers}
+    leaving = [i for ov, i in held.items() if ov not in wanted]
+    quarantined = [i for i in dict.fromkeys(list(retired) + leaving)
+                   if i not in taken and 0 <= i < wire.MRC_PEERS_LIMIT]
+    order = iter([i for i in range(wire.MRC_PEERS_LIMIT) if i not in taken and i not in quarantined]
+                 + quarantined)
+    peers = []
+    for p in cfg.peers:
+        i = keep.get(p.overlay)
+        if i is None:
+            i = next(order, None)
+            if i is None:
+                raise ConfigError(f"peers: no free peer index for {p.name} (at most {wire.MRC_PEERS_LIMIT})")
+        peers.append(dataclasses.replace(p, index=i))
+    return dataclasses.replace(cfg, peers=tuple(peers))
+
+
+def _limits(lim) -> tuple[int | None, int | None]:
+    """[limits]: the room the maps are sized for (Config.sizing)."""
+    lim = _typed("limits", lim, dict)
+    _check_keys("limits", lim, {"max_peers", "max_paths_per_peer"})
+    peers = _int_in("limits.max_peers", lim["max_peers"], 1, wire.MRC_PEERS_LIMIT) \
+        if "max_peers" in lim else None
+    paths = _int_in("limits.max_paths_per_peer", lim["max_paths_per_peer"], 1, wire.MRC_MAX_PATHS) \
+        if "max_paths_per_peer" in lim else None
+    return peers, paths
+
+
+class _Seen:
+    """What the peers so far use, by value, so that checking peer N against
+    the ones before it is not O(N) (thousands of peers)."""
+
+    def __init__(self):
+        self.names: set[str] = set()
+        self.overlays: set = set()
+        self.underlay: dict[tuple[str, object], str] = {}   # (plane, address) -> peer name
+
+    @classmethod
+    def of(cls, peers) -> "_Seen":
+        seen = cls()
+        for p in peers:
+            seen.names.add(p.name)
+            seen.overlays.update(p.overlays)
+            for dev, addr in p.underlay.items():
+                seen.underlay[(dev, addr)] = p.name
+        return seen
+
+
+def _maybe_ip(s: str):
+    try:
+        return ipaddress.ip_address(s)
+    except ValueError:
+        return None
 
 
 def _key_file_name(where: str, value) -> str:
@@ -499,14 +863,15 @@ def _allow_underlay(where: str, value) -> tuple[AclEntry, ...]:
 
 def _weights(w) -> Weights:
     w = _typed("weights", w, dict)
-    _check_keys("weights", w, {"mode", "interval_ms", "min_weight"})
+    _check_keys("weights", w, {"mode", "interval_ms", "min_weight", "ecn_hold_us"})
     d = Weights()
     mode = _typed("weights.mode", w.get("mode", d.mode), str)
     if mode not in WEIGHT_MODES:
         raise ConfigError(f"weights.mode: {mode!r} is not one of {', '.join(WEIGHT_MODES)}")
     iv = _float_in("weights.interval_ms", w.get("interval_ms", d.interval_ms), 1, 10000)
     mw = _float_in("weights.min_weight", w.get("min_weight", d.min_weight), 0, 0.5)
-    return Weights(mode=mode, interval_ms=iv, min_weight=mw)
+    hold = _float_in("weights.ecn_hold_us", w.get("ecn_hold_us", d.ecn_hold_us), 0, 1_000_000)
+    return Weights(mode=mode, interval_ms=iv, min_weight=mw, ecn_hold_us=hold)
 
 
 def parse_listen(where: str, value) -> tuple[str, int]:
@@ -541,7 +906,7 @@ def _metrics_per_path(m) -> bool:
 def _health(h) -> Health:
     h = _typed("health", h, dict)
     _check_keys("health", h, {"dead_after_ms", "probe_interval_ms", "recover_probes", "hedge", "liveness",
-                              "hedge_after_ms", "probe_budget"})
+                              "hedge_after_ms", "probe_budget", "feedback_frames", "probe_sender"})
     d = Health()
     dead = _float_in("health.dead_after_ms", h.get("dead_after_ms", d.dead_after_ms), 0.5, 60000)
     probe = _float_in("health.probe_interval_ms", h.get("probe_interval_ms", d.probe_interval_ms), 1, 60000)
@@ -554,6 +919,10 @@ def _health(h) -> Health:
         except ConfigError:
             raise ConfigError(f"health.hedge: must be true, false or \"always\", not {hedge!r}") from None
     live = _typed("health.liveness", h.get("liveness", d.liveness), bool)
+    sender = _typed("health.probe_sender", h.get("probe_sender", d.probe_sender), str)
+    if sender not in ("packet", "xdp"):
+        raise ConfigError(f"health.probe_sender: must be \"packet\" or \"xdp\", not {sender!r}")
+    fb = _typed("health.feedback_frames", h.get("feedback_frames", d.feedback_frames), bool)
     hedge_after = None
     if "hedge_after_ms" in h:
         hedge_after = _typed("health.hedge_after_ms", h["hedge_after_ms"], float)
@@ -561,19 +930,128 @@ def _health(h) -> Health:
             raise ConfigError(f"health.hedge_after_ms: {hedge_after:g} is out of range 0.1..{dead:g} "
                               "(health.dead_after_ms)")
     return Health(dead_after_ms=dead, probe_interval_ms=probe, recover_probes=k, hedge=hedge, liveness=live,
-                  hedge_after_ms=hedge_after, probe_budget=budget)
+                  hedge_after_ms=hedge_after, probe_budget=budget, feedback_frames=fb, probe_sender=sender)
 
 
-def _peer_conflicts(peers: list[Peer], udp_port: int) -> None:
+def _addr_list(where: str, value) -> list[str]:
+    """A string, or an array of strings (one per family)."""
+    if isinstance(value, str):
+        return [value]
+    if not isinstance(value, list):
+        raise ConfigError(f"{where}: must be a string or an array of strings, not {value!r}")
+    items = value
+    if not items:
+        raise ConfigError(f"{where}: empty, give one address per family")
+    if len(items) > 2:
+        raise ConfigError(f"{where}: {len(items)} addresses, at most one IPv4 and one IPv6")
+    return [_typed(f"{where}[{k}]", x, str) for k, x in enumerate(items)]
+
+
+def _one_per_family(where: str, addrs: list) -> None:
+    if len({a.version for a in addrs}) != len(addrs):
+        raise ConfigError(f"{where}: two IPv{addrs[0].version} addresses, at most one per family")
+
+
+def _overlay_addresses(value) -> tuple:
+    """overlay.address: "172.31.0.1/24", or ["172.31.0.1/24", "fd31::1/64"]."""
+    out = []
+    for text in _addr_list("overlay.address", value):
+        try:
+            if "/" not in text:
+                raise ValueError
+            a = ipaddress.ip_interface(text)
+        except ValueError:
+            raise ConfigError(f"overlay.address: {text!r} is not an IPv4 or IPv6 address with prefix "
+                              "length (e.g. \"172.31.0.1/24\", \"fd31::1/64\")") from None
+        if a.ip.is_multicast or a.ip.is_unspecified or a.ip.is_loopback or \
+                (a.version == 6 and a.ip.is_link_local):
+            raise ConfigError(f"overlay.address: {text!r} cannot be used as a host address")
+        out.append(a)
+    _one_per_family("overlay.address", out)
+    return tuple(out)
+
+
+def _peer_overlays(where: str, value, ov_addrs, seen: "_Seen") -> tuple:
+    """peer[].overlay: "172.31.0.2", or ["172.31.0.2", "fd31::2"]."""
+    ours = {a.ip for a in ov_addrs}
+    fams = {a.version for a in ov_addrs}
+    out = []
+    for text in _addr_list(where, value):
+        a = _ip(where, text)
+        if a.version not in fams:
+            raise ConfigError(f"{where}: {a} is IPv{a.version} but overlay.address has no "
+                              f"IPv{a.version} address")
+        if a.is_multicast or a.is_unspecified or a.is_loopback:
+            raise ConfigError(f"{where}: {a} cannot be a peer address")
+        if a in ours:
+            raise ConfigError(f"{where}: {a} is this host's own overlay address")
+        if a in seen.overlays:
+            raise ConfigError(f"{where}: {a} is already used by another peer")
+        out.append(a)
+    _one_per_family(where, out)
+    return tuple(out)
+
+
+def _prefixes(where: str, value) -> tuple:
+    """An array of networks ("10.244.3.0/24", "fd00:3::/64"), host bits zero."""
+    out = []
+    for k, text in enumerate(_typed(where, value, list)):
+        text = _typed(f"{where}[{k}]", text, str)
+        try:
+            net = ipaddress.ip_network(text, strict=True)
+        except ValueError as e:
+            hint = " (host bits set)" if "host bits" in str(e) else ""
+            raise ConfigError(f"{where}: {text!r} is not a network prefix{hint}") from None
+        if net.prefixlen == 0 or net.is_multicast or net.is_loopback or \
+                (net.version == 6 and net.is_link_local):
+            raise ConfigError(f"{where}: {text!r} cannot be routed through the overlay")
+        if net in out:
+            raise ConfigError(f"{where}: {net} given twice")
+        out.append(net)
+    return tuple(out)
+
+
+def _owner_conflicts(ov_addrs, ov_prefixes, peers: list[Peer]) -> None:
+    """Every inner address has one owner: the prefixes of two owners (this
+    host, each peer) must not overlap, else the longest prefix would quietly
+    take traffic meant for the other. Prefixes either nest or are disjoint,
+    so one sweep in address order finds every overlap (thousands of peers:
+    no pairwise comparison)."""
+    local = [("overlay.address", ipaddress.ip_network(a.ip)) for a in ov_addrs] + \
+        [("overlay.prefixes", n) for n in ov_prefixes]
+    if len(local) > wire.MRC_OVL_PER_PEER:
+        raise ConfigError(f"overlay.prefixes: {len(local)} addresses and prefixes, at most "
+                          f"{wire.MRC_OVL_PER_PEER}")
+    entries = [("this host (overlay.address / overlay.prefixes)", where, net) for where, net in local]
+    for p in peers:
+        entries += [(f"peer '{p.name}'", f"peer[{p.index}].overlay", ipaddress.ip_network(a)) for a in p.overlays]
+        entries += [(f"peer '{p.name}'", f"peer[{p.index}].prefixes", n) for n in p.prefixes]
+    for version in (4, 6):
+        nets = sorted((e for e in entries if e[2].version == version),
+                      key=lambda e: (int(e[2].network_address), e[2].prefixlen))
+        stack: list = []        # the nets enclosing the current one, outermost first
+        for owner, where, net in nets:
+            while stack and not net.subnet_of(stack[-1][2]):
+                stack.pop()
+            if stack and stack[-1][0] != owner:
+                raise ConfigError(f"{where}: {net} overlaps {stack[-1][2]} of {stack[-1][0]}")
+            stack.append((owner, where, net))
+
+
+def _peer_conflicts(peers: list[Peer], udp_port: int, seen: "_Seen", where: str | None = None) -> None:
     """Checks of the newest peer against the others and the instance."""
-    new, where = peers[-1], f"peer[{len(peers) - 1}]"
+    new, where = peers[-1], where or f"peer[{len(peers) - 1}]"
     # The receiver knows a sender by (plane, source address): a second peer
     # with the same address on a plane would silently take over the first's.
     for dev, addr in new.underlay.items():
-        for old in peers[:-1]:
-            if old.underlay.get(dev) == addr:
-                raise ConfigError(f"{where}.underlay.{dev}: {addr} is already peer '{old.name}''s "
-                                  f"address on plane '{dev}'")
+        old = seen.underlay.get((dev, addr))
+        if old is not None:
+            raise ConfigError(f"{where}.underlay.{dev}: {addr} is already peer '{old}''s "
+                              f"address on plane '{dev}'")
+    for dev, addr in new.underlay.items():
+        seen.underlay[(dev, addr)] = new.name
+    seen.names.add(new.name)
+    seen.overlays.update(new.overlays)
     # Probe replies travel from the MRC port to an EV: an EV equal to the
     # MRC port would make replies indistinguishable from data.
     last = new.ev_base + len(new.paths) - 1
@@ -581,26 +1059,28 @@ def _peer_conflicts(peers: list[Peer], udp_port: int) -> None:
         raise ConfigError(f"{where}.ev_base: EVs {new.ev_base}..{last} include the MRC UDP port {udp_port}")
 
 
-def _peer(i: int, p: dict, planes: list[Plane], ov_addr, seen: list[Peer]) -> Peer:
-    where = f"peer[{i}]"
+def _peer(i: int, p: dict, planes: list[Plane], ov_addrs, seen: "_Seen", where: str | None = None) -> Peer:
+    where = where or f"peer[{i}]"
     _check_keys(where, p, {"name", "overlay", "evs_per_plane", "ev_base", "spray", "min_active", "underlay",
-                           "flowlet_gap_us", "key_file"})
+                           "flowlet_gap_us", "key_file", "prefixes"})
     if "name" not in p:
         raise ConfigError(f"{where}.name: missing")
     name = _typed(f"{where}.name", p["name"], str)
     if not PEER_NAME_RE.match(name):
         raise ConfigError(f"{where}.name: {name!r} is not a valid peer name (letters, digits, _ . -)")
-    if any(q.name == name for q in seen):
+    if name in seen.names:
         raise ConfigError(f"{where}.name: duplicate peer {name!r}")
     if "overlay" not in p:
         raise ConfigError(f"{where}.overlay: missing")
-    overlay = _ip(f"{where}.overlay", p["overlay"])
-    if overlay.version != 4:
-        raise ConfigError(f"{where}.overlay: {overlay} is not IPv4 (the overlay carries IPv4)")
-    if overlay == ov_addr.ip:
-        raise ConfigError(f"{where}.overlay: {overlay} is this host's own overlay address")
-    if any(q.overlay == overlay for q in seen):
-        raise ConfigError(f"{where}.overlay: {overlay} is already used by another peer")
+    overlays = _peer_overlays(f"{where}.overlay", p["overlay"], ov_addrs, seen)
+    prefixes = _prefixes(f"{where}.prefixes", p.get("prefixes", []))
+    for net in prefixes:
+        if net.version not in {a.version for a in ov_addrs}:
+            raise ConfigError(f"{where}.prefixes: {net} is IPv{net.version} but overlay.address has no "
+                              f"IPv{net.version} address (the peer could not reach this host from it)")
+    if len(overlays) + len(prefixes) > wire.MRC_OVL_PER_PEER:
+        raise ConfigError(f"{where}.prefixes: {len(overlays)} overlay addresses + {len(prefixes)} prefixes, "
+                          f"at most {wire.MRC_OVL_PER_PEER} in all")
     evs = _int_in(f"{where}.evs_per_plane", p.get("evs_per_plane", 4), 1, wire.MRC_MAX_PATHS)
     spray = _typed(f"{where}.spray", p.get("spray", wire.SprayMode.WEIGHTED.label), str)
     if spray not in SPRAY_MODES:
@@ -625,8 +1105,10 @@ def _peer(i: int, p: dict, planes: list[Plane], ov_addr, seen: list[Peer]) -> Pe
         if plane.address is not None and plane.address.version != addr.version:
             raise ConfigError(f"{where}.underlay.{dev}: {addr} is IPv{addr.version} but plane "
                               f"{dev!r} has an IPv{plane.address.version} address")
-        if ov_addr.version == addr.version and addr in ov_addr.network:
-            raise ConfigError(f"{where}.underlay.{dev}: {addr} lies inside the overlay subnet {ov_addr.network}")
+        for ov_addr in ov_addrs:
+            if ov_addr.version == addr.version and addr in ov_addr.network:
+                raise ConfigError(f"{where}.underlay.{dev}: {addr} lies inside the overlay subnet "
+                                  f"{ov_addr.network}")
         underlay[dev] = addr
     n_paths = evs * len(underlay)
     if n_paths > wire.MRC_MAX_PATHS:
@@ -647,6 +1129,7 @@ def _peer(i: int, p: dict, planes: list[Plane], ov_addr, seen: list[Peer]) -> Pe
             pid = len(paths)
             paths.append(Path(id=pid, plane=plane, ev_index=e, ev=ev_base + pid,
                               remote=underlay[plane.device], weight=plane.weight))
-    return Peer(index=i, name=name, overlay=overlay, evs_per_plane=evs, ev_base=ev_base, spray=spray,
+    return Peer(index=i, name=name, overlays=overlays, prefixes=prefixes, evs_per_plane=evs, ev_base=ev_base,
+                spray=spray,
                 min_active=min_active, underlay=underlay, paths=tuple(paths), flowlet_gap_us=gap,
                 key_file=_key_file_name(f"{where}.key_file", p["key_file"]) if "key_file" in p else None)

@@ -47,7 +47,7 @@ class EventLog:
 
 def event_record(cfg: cfgmod.Config, peer_idx: int, path_id: int, old: int, new: int,
                  reason: str, source: str, ts: float | None = None, age_us: int | None = None) -> dict:
-    peer = cfg.peers[peer_idx] if peer_idx < len(cfg.peers) else None
+    peer = cfg.peer_at(peer_idx)
     path = peer.paths[path_id] if peer is not None and path_id < len(peer.paths) else None
     rec = {
         "time": ts if ts is not None else time.time(),

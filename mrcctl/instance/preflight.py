@@ -45,9 +45,10 @@ def preflight(cfg: cfgmod.Config, nl: topology.Netlink) -> tuple[list[PlaneRunti
                 raise InputError(f"plane {pl.device}: has no IPv{remote.version} address for peer "
                                  f"{peer.name} ({remote}); add one or set plane.address")
         for a in addrs:
-            if a.version == 4 and a.network.overlaps(cfg.overlay_address.network):
-                raise InputError(f"overlay.address: {cfg.overlay_address} overlaps the subnet {a.network} "
-                                 f"of plane {pl.device}")
+            for ov in cfg.overlay_addresses:
+                if a.version == ov.version and a.network.overlaps(ov.network):
+                    raise InputError(f"overlay.address: {ov} overlaps the subnet {a.network} "
+                                     f"of plane {pl.device}")
         planes.append(PlaneRuntime(pl, link["index"], nl.mac(pl.device), link.get("mtu"), local,
                                    [a.network for a in addrs]))
     # Key files are checked now (permissions, format), so a bad one stops
@@ -65,9 +66,12 @@ def preflight(cfg: cfgmod.Config, nl: topology.Netlink) -> tuple[list[PlaneRunti
     if mtu + need > smallest:
         raise InputError(f"overlay.mtu: {mtu} + {need} bytes of encapsulation exceeds the smallest "
                          f"plane MTU {smallest}")
-    if mtu < 576:
+    # IPv6 needs 1280-byte links (RFC 8200); the overhead does not depend on
+    # the inner family (inner headers are inside the overlay MTU)
+    least = 1280 if 6 in cfg.overlay_families() else 576
+    if mtu < least:
         raise InputError(f"overlay.mtu: plane MTU {smallest} leaves only {mtu} bytes for the overlay "
-                         "(at least 576 needed)")
+                         f"(at least {least} needed{' for an IPv6 overlay' if least == 1280 else ''})")
     dev = nl.link(cfg.overlay_device)
     if dev is not None and not Instance(cfg.overlay_device).exists():
         raise InputError(f"overlay.device: {cfg.overlay_device} already exists and is not managed by mrc")

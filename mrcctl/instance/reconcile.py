@@ -11,17 +11,18 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 import time
 from contextlib import suppress
 from pathlib import Path
 
 from ..datapath.libbpf import Program
 from ..datapath.maps import Datapath
-from ..datapath.objects import (RX_PROG, RX_TC_PROG, TX_PROG, load_objects, objects_digest, prog_name,
-                                programs_alive, running_maps)
+from ..datapath.objects import (RX_PROG, RX_TC_PROG, TX_PROG, Loaded, load_objects, objects_digest,
+                                prog_name, programs_alive, resized, running_maps)
 from ..errors import MrcError, StepError
 from . import config as cfgmod
-from . import supervisor, topology
+from . import members, supervisor, topology
 from .fill import fill_maps
 from .lock import InstanceLock
 from .preflight import preflight
@@ -31,6 +32,8 @@ from .state import Instance, remove_stale
 def up(cfg: cfgmod.Config, agent: bool = True) -> str:
     with InstanceLock(Instance(cfg.overlay_device)):
         stale = remove_stale()
+        # indices follow the running instance's (peers added live keep theirs)
+        cfg = members.bind(cfg)
         msg = _up(cfg, agent)
     if stale:
         msg += f" (removed {len(stale)} stale instance record(s) of deleted namespaces: {', '.join(stale)})"
@@ -39,8 +42,21 @@ def up(cfg: cfgmod.Config, agent: bool = True) -> str:
 
 def _up(cfg: cfgmod.Config, agent: bool = True) -> str:
     inst = Instance(cfg.overlay_device)
+    prior = inst.read()
+    # A fresh instance: its programs start verifying now, while preflight
+    # and netlink's import run (a re-up keeps its order: the running maps
+    # are carried over after the agent stopped writing them).
+    preload = None if prior else _Preload.start(cfg)
+    try:
+        return _up_with(cfg, agent, inst, prior, preload)
+    finally:
+        if preload is not None:
+            preload.discard()
+
+
+def _up_with(cfg: cfgmod.Config, agent: bool, inst: Instance, prior: dict,
+             preload: "_Preload | None") -> str:
     with topology.Netlink() as nl:
-        prior = inst.read()
         planes, mtu = preflight(cfg, nl)
         digest = objects_digest()
         if prior and prior.get("config_digest") == cfg.digest and prior.get("objects_digest") == digest \
@@ -61,7 +77,8 @@ def _up(cfg: cfgmod.Config, agent: bool = True) -> str:
         had_agent = supervisor.alive(prior.get("agent_pid"))
         supervisor.stop(prior)
         try:
-            msg = _apply(cfg, inst, nl, planes, mtu, digest, prior)
+            msg = _apply(cfg, inst, nl, planes, mtu, digest, prior, neigh_wait=_neigh_wait(agent),
+                         preload=preload)
             if agent:
                 supervisor.ensure(cfg, inst, restart=bool(prior) and prior.get("config_digest") != cfg.digest)
             _keep_config(inst, cfg)
@@ -97,12 +114,14 @@ def _rollback(inst: Instance, nl: topology.Netlink, prior: dict, agent: bool = F
     planes, routes and sysctls. Returns what was done, for the error line."""
     try:
         raw = (inst.run_dir / "config.toml").read_bytes()
-        old = cfgmod.parse(raw, source=prior.get("config", "<previous>"))
+        # with the peers its directory holds now: those that ran, or the
+        # change of the directory is what the agent applies next
+        old = members.bind(cfgmod.with_peers_dir(cfgmod.parse(raw, source=prior.get("config", "<previous>"))))
         planes, mtu = preflight(old, nl)
         state = inst.read()
         state.update(prog_ids=prior.get("prog_ids", {}), map_ids=prior.get("map_ids", {}),
                      objects_digest=prior.get("objects_digest"))
-        _apply(old, inst, nl, planes, mtu, prior.get("objects_digest"), state)
+        _apply(old, inst, nl, planes, mtu, prior.get("objects_digest"), state, neigh_wait=_neigh_wait(agent))
         if agent:
             supervisor.ensure(old, inst, restart=False)
         return "rolled back to the running configuration"
@@ -129,9 +148,68 @@ def _attached(inst: Instance, cfg: cfgmod.Config, nl: topology.Netlink, prior: d
     return True
 
 
-def rx_hook_of(plane: cfgmod.Plane, nl: topology.Netlink) -> str:
+def rx_hook_of(plane: cfgmod.Plane, nl: topology.Netlink | None = None) -> str:
     """The receive hook a plane gets: its rx_hook, "auto" decided by the device."""
-    return plane.rx_hook if plane.rx_hook != "auto" else nl.auto_rx_hook(plane.device)
+    return plane.rx_hook if plane.rx_hook != "auto" else topology.auto_rx_hook(plane.device)
+
+
+def _needed(hooks: dict[str, str]) -> set[str]:
+    """The programs to load for these receive hooks: only those attached
+    somewhere (verifying the other receive program would double the
+    receive object's share of `up`)."""
+    return {TX_PROG} | {RX_TC_PROG if h == "tc" else RX_PROG for h in hooks.values()}
+
+
+class _Preload:
+    """A fresh instance's programs and maps, loading in a thread from the
+    start of `up`: verifying them is most of its time and needs nothing of
+    the host but the planes' link kinds (their hooks). take() waits for
+    them where `up` loads; discard() frees what was not taken (a failed
+    preflight changed nothing)."""
+
+    @classmethod
+    def start(cls, cfg: cfgmod.Config) -> "_Preload | None":
+        try:
+            digest = objects_digest()
+        except MrcError:
+            return None     # reported after preflight's findings, which come first
+        return cls(cfg, digest)
+
+    def __init__(self, cfg: cfgmod.Config, digest: str):
+        self.hooks = {p.device: rx_hook_of(p) for p in cfg.planes}
+        self.digest = digest
+        self._result: Loaded | None = None
+        self._error: BaseException | None = None
+        verifying = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="preload", daemon=True,
+                                        args=(cfg.sizing(), len(cfg.planes), _needed(self.hooks), verifying))
+        self._thread.start()
+        # Until the kernel has the programs the loader runs Python (opening
+        # the objects, making the maps): let it have the GIL for those few
+        # ms, or this thread's imports delay the verification by more.
+        verifying.wait(1.0)
+
+    def _run(self, sizing, n_planes: int, needed: set[str], verifying: threading.Event) -> None:
+        try:
+            self._result = load_objects({}, sizing, n_planes, needed, verifying)
+        except BaseException as e:  # noqa: BLE001 - raised by take()
+            self._error = e
+        finally:
+            verifying.set()
+
+    def take(self) -> Loaded:
+        self._thread.join()
+        if self._error is not None:
+            e, self._error = self._error, None
+            raise e
+        r, self._result = self._result, None
+        return r
+
+    def discard(self) -> None:
+        self._thread.join()
+        if self._result is not None:
+            self._result.close()
+            self._result = None
 
 
 def _step(name: str, fn, *args, **kw):
@@ -147,33 +225,64 @@ def _step(name: str, fn, *args, **kw):
         raise StepError(name, str(e) or type(e).__name__) from None
 
 
-def _apply(cfg, inst, nl, planes, mtu, digest, prior) -> str:
+# How long `up` waits for neighbours the kernel has not resolved yet. With
+# the agent none: `up` asks before the programs verify and takes what has
+# been answered by then; a path still without a MAC is sent through
+# bpf_redirect_neigh (the kernel resolves it) and the agent's neighbour
+# task, whose first round runs as it starts, writes the MAC. Without the
+# agent nothing would write it later.
+NEIGH_WAIT_S = 1.5
+
+
+def _neigh_wait(agent: bool) -> float:
+    return 0.0 if agent else NEIGH_WAIT_S
+
+
+def _apply(cfg, inst, nl, planes, mtu, digest, prior, neigh_wait: float = NEIGH_WAIT_S,
+           preload: _Preload | None = None) -> str:
     state = dict(prior)
     state.update(overlay=cfg.overlay_device, config=cfg.source, config_digest=cfg.digest,
+                 file_digest=cfg.file_digest,
                  netns=inst.netns, planes=sorted(set(state.get("planes", [])) | {p.device for p in cfg.planes}))
     state.setdefault("rp_filter", {})
     inst.write(state)     # from here on `down` can find and undo everything
+
+    wanted = sorted({(p.plane.device, str(p.remote)) for peer in cfg.peers for p in peer.paths})
+    hops = _step("resolving neighbours", nl.poke_neighbours, wanted)
 
     loaded = None
     # Only the programs attached somewhere outlive `up` (the kernel frees an
     # unattached one when the loader lets go), so a plane moving to the
     # other hook needs that program loaded again.
     hooks = {rt.plane.device: rx_hook_of(rt.plane, nl) for rt in planes}
-    needed = {TX_PROG} | {RX_TC_PROG if h == "tc" else RX_PROG for h in hooks.values()}
-    if prior.get("objects_digest") != digest or not programs_alive(prior) or \
-            not needed <= set(prior.get("prog_ids", {})):
-        loaded = _step("loading BPF programs", load_objects, running_maps(prior))
+    needed = _needed(hooks)
+    if preload is not None and (preload.hooks, preload.digest) == (hooks, digest) and not prior.get("map_ids"):
+        loaded = _step("loading BPF programs", preload.take)
         state.update(prog_ids=loaded.prog_ids, map_ids=loaded.map_ids, objects_digest=digest)
         inst.write(state)
+    else:
+        # The maps are sized for the config (more peers or paths than they
+        # have room for: new maps, their entries carried over,
+        # objects.load_objects).
+        sizing = cfg.sizing()
+        running = running_maps(prior)
+        if prior.get("objects_digest") != digest or not programs_alive(prior) or \
+                not needed <= set(prior.get("prog_ids", {})) or resized(running, sizing, len(cfg.planes)):
+            loaded = _step("loading BPF programs", load_objects, running, sizing, len(cfg.planes), needed)
+            state.update(prog_ids=loaded.prog_ids, map_ids=loaded.map_ids, objects_digest=digest)
+            inst.write(state)
+        else:
+            for m in running.values():
+                m.close()
 
     # A changed overlay.address replaces the old one rather than joining it;
     # removed first, as deleting a primary address takes its secondaries.
     if nl.index(cfg.overlay_device) is not None:
         for a in nl.addresses(cfg.overlay_device):
-            if a.version == 4 and a != cfg.overlay_address:
+            if a not in cfg.overlay_addresses:
                 _step(f"removing the old overlay address {a}", nl.ipr.addr, "del",
                       index=nl.index(cfg.overlay_device), address=str(a.ip), prefixlen=a.network.prefixlen)
-    _step("creating the overlay device", nl.create_overlay, cfg.overlay_device, mtu, cfg.overlay_address)
+    _step("creating the overlay device", nl.create_overlay, cfg.overlay_device, mtu, cfg.overlay_addresses)
     overlay_ifindex = nl.index(cfg.overlay_device)
     # The spraying unit: smaller units, less reordering between planes.
     _step("setting gso_max_size", nl.ipr.link, "set", index=overlay_ifindex, gso_max_size=cfg.spray_unit())
@@ -185,10 +294,18 @@ def _apply(cfg, inst, nl, planes, mtu, digest, prior) -> str:
         # Decapsulated packets arrive on the plane with an overlay source that
         # routes via the overlay device: strict reverse-path filtering drops them.
         _step(f"setting rp_filter on {rt.plane.device}", topology.set_sysctl, key, "2")
+    # Inner IPv6 is delivered on the plane it arrived on (decap keeps the
+    # device): a plane with IPv6 disabled would drop it. Restored at down.
+    state.setdefault("disable_ipv6", {})
+    if 6 in cfg.overlay_families():
+        for rt in planes:
+            key = f"net/ipv6/conf/{rt.plane.device}/disable_ipv6"
+            if topology.get_sysctl(key) not in (None, "0"):
+                state["disable_ipv6"].setdefault(rt.plane.device, topology.get_sysctl(key))
+                _step(f"enabling IPv6 on {rt.plane.device}", topology.set_sysctl, key, "0")
     inst.write(state)
 
-    wanted = [(p.plane.device, str(p.remote)) for peer in cfg.peers for p in peer.paths]
-    macs = nl.resolve_neighbours(sorted(set(wanted)))
+    macs = _step("resolving neighbours", nl.resolve_neighbours, wanted, neigh_wait, hops)
 
     with Datapath(inst) as dp:
         _step("filling the maps", fill_maps, dp, cfg, planes, overlay_ifindex, macs)
@@ -217,13 +334,17 @@ def _apply(cfg, inst, nl, planes, mtu, digest, prior) -> str:
         _detach_plane(nl, dev, state)
     state["planes"] = [p.device for p in cfg.planes]
 
+    # Each peer's overlay addresses and prefixes go through the overlay
+    # device (tx then finds the peer by longest prefix, bpf/peer.h).
     routes = set(state.get("routes", []))
-    want_routes = {f"{peer.overlay}/32" for peer in cfg.peers}
+    want_routes = {str(net) for peer in cfg.peers for net in peer.owned()}
     for r in sorted(want_routes):
         _step(f"adding route {r}", nl.route_replace, r, cfg.overlay_device)
     for r in sorted(routes - want_routes):
         nl.route_delete(r, cfg.overlay_device)
     state["routes"] = sorted(want_routes)
+    # every peer entry was written with epoch 0: the instance's new one
+    members.note(state, cfg, {p.index: 0 for p in cfg.peers})
     state["mtu"] = mtu
     state["up_at"] = time.time()
     inst.write(state)
@@ -277,6 +398,10 @@ def _detach_plane(nl: topology.Netlink, dev: str, state: dict) -> None:
     if old is not None:
         with suppress(OSError):
             topology.set_sysctl(f"net/ipv4/conf/{dev}/rp_filter", old)
+    old = state.get("disable_ipv6", {}).pop(dev, None)
+    if old is not None:
+        with suppress(OSError):
+            topology.set_sysctl(f"net/ipv6/conf/{dev}/disable_ipv6", old)
 
 
 def down(cfg: cfgmod.Config | None = None, overlay: str | None = None) -> str:

@@ -6,6 +6,8 @@ control plane writes the idle one and flips (bpf/mrc.h, mrc_slots).
 
 from __future__ import annotations
 
+import functools
+import types
 from typing import Sequence
 
 from ..datapath import abi as wire
@@ -78,6 +80,45 @@ def slot_table(peer: cfgmod.Peer, weights: list[int], n: int) -> list[int]:
     return table
 
 
+def _table_for(peer: cfgmod.Peer, weights: list[int]) -> list[int]:
+    if sum(weights) == 0:
+        weights = [1] * len(weights)
+    total = sum(weights)
+    # A whole number of weight rounds makes every path's share exact.
+    n = (wire.MRC_SLOTS // total) * total if total <= wire.MRC_SLOTS else wire.MRC_SLOTS
+    shape = tuple((p.plane.index, p.ev_index) for p in peer.paths)
+    return list(_shaped_table(shape, tuple(weights), n))
+
+
+@functools.lru_cache(maxsize=4096)
+def _shaped_table(shape: tuple, weights: tuple, n: int) -> tuple:
+    """slot_table() depends on the paths' planes and EV order and their
+    weights only: thousands of peers of one shape share one computation."""
+    ns = types.SimpleNamespace
+    peer = ns(paths=[ns(plane=ns(index=pl), ev_index=ev) for pl, ev in shape])
+    return tuple(slot_table(peer, list(weights), n))
+
+
+def set_slots_many(dp: Datapath, wanted: list[tuple[cfgmod.Peer, list[int]]], current: list[wire.Peer]) -> dict:
+    """set_slots(flip=False) for many peers in one batch write (what `up`
+    does for thousands): {peer index: the table written}. `current`: the
+    peers' mrc_peers entries by index. Peers of one shape (planes, EVs,
+    weights) share one table, computed once."""
+    cache: dict[tuple, bytes] = {}
+    keys, values, out = [], [], {}
+    for peer, weights in wanted:
+        cur = current[peer.index]
+        idle = 1 - (cur.table & 1) if cur.n_paths else 0
+        shape = (tuple((p.plane.index, p.ev_index) for p in peer.paths), tuple(weights))
+        if shape not in cache:
+            cache[shape] = wire.Slots.of(_table_for(peer, weights)).pack()
+        keys.append(wire.u32(wire.slots_idx(peer.index, idle)))
+        values.append(cache[shape])
+        out[peer.index] = idle
+    dp.map("mrc_slots").update_batch(keys, values)
+    return out
+
+
 def set_slots(dp: Datapath, peer: cfgmod.Peer, weights: list[int], flip: bool = True) -> int:
     """Write the idle slot table, then flip the peer to it (atomic for the
     datapath); returns the table written. flip=False leaves the flip to the
@@ -86,12 +127,7 @@ def set_slots(dp: Datapath, peer: cfgmod.Peer, weights: list[int], flip: bool = 
     raw = peers_m.lookup(wire.u32(peer.index))
     cur = wire.Peer.unpack(raw) if raw else wire.Peer()
     idle = 1 - (cur.table & 1) if cur.n_paths else 0
-    if sum(weights) == 0:
-        weights = [1] * len(weights)
-    total = sum(weights)
-    # A whole number of weight rounds makes every path's share exact.
-    n = (wire.MRC_SLOTS // total) * total if total <= wire.MRC_SLOTS else wire.MRC_SLOTS
-    slots = slot_table(peer, weights, n)
+    slots = _table_for(peer, weights)
     slots_m.update(wire.u32(wire.slots_idx(peer.index, idle)), wire.Slots.of(slots).pack())
     if cur.n_paths and flip:
         cur.table = idle
@@ -111,8 +147,7 @@ def rebuild_slots(dp: Datapath, cfg: cfgmod.Config, peers=None) -> None:
     """
     for peer in peers if peers is not None else cfg.peers:
         weights, fallback = [], []
-        for path in peer.paths:
-            p, lv = dp.path(peer.index, path.id)
+        for p, lv in dp.paths_of(peer.index, len(peer.paths)):
             fallback.append(0 if p.admin == wire.PathState.DENIED else max(p.weight, 0))
             weights.append(p.weight if wire.path_usable(p, lv) else 0)
         if sum(weights) == 0:
@@ -126,7 +161,7 @@ def set_path_weights(dp: Datapath, peer: cfgmod.Peer, weights: dict[int, int]) -
     """Store path id -> current weight in mrc_paths (see rebuild_slots)."""
     paths_m = dp.map("mrc_paths")
     for pid, w in weights.items():
-        key = wire.path_key(peer.index, pid)
+        key = dp.path_key(peer.index, pid)
         ent = wire.Path.unpack(paths_m.lookup(key))
         if ent.weight != w:
             ent.weight = w

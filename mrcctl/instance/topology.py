@@ -1,4 +1,4 @@
-"""Netlink work through pyroute2: the overlay device, routes, neighbours,
+"""Netlink work through pyroute2 (imported on first use): the overlay device, routes, neighbours,
 XDP and tc attachment, and the per-device sysctls traffic needs.
 
 All functions act on the network namespace the process runs in.
@@ -14,8 +14,9 @@ import struct
 import time
 from contextlib import suppress
 
-from pyroute2 import IPRoute
-from pyroute2.netlink.exceptions import NetlinkError
+
+class NetlinkError(Exception):
+    """pyroute2's, once a Netlink() imported it (only Netlink's methods catch it)."""
 
 XDP_FLAGS_UPDATE_IF_NOEXIST = 1
 XDP_FLAGS_DRV_MODE = 4
@@ -25,6 +26,7 @@ TC_INGRESS = 0xFFFFFFF2
 TC_PRIO = 1
 TC_HANDLE = 1
 IFF_NOARP = 0x80
+IFA_F_NODAD = 0x02
 
 
 class TopologyError(RuntimeError):
@@ -36,9 +38,19 @@ def overlay_peer_name(device: str) -> str:
     return device + "p"
 
 
+def _pyroute2():
+    """pyroute2, imported on first use: the import costs about 0.1 s, which
+    `up` spends verifying the BPF programs in other threads meanwhile."""
+    global NetlinkError
+    from pyroute2 import IPRoute
+    from pyroute2.netlink.exceptions import NetlinkError as error
+    NetlinkError = error
+    return IPRoute
+
+
 class Netlink:
     def __init__(self):
-        self.ipr = IPRoute()
+        self.ipr = _pyroute2()()
 
     def close(self):
         self.ipr.close()
@@ -86,17 +98,28 @@ class Netlink:
             out.append(iface)
         return out
 
-    def create_overlay(self, device: str, mtu: int, address: ipaddress.IPv4Interface) -> None:
-        """A veth pair whose first end carries the overlay address.
+    def create_overlay(self, device: str, mtu: int, addresses) -> None:
+        """A veth pair whose first end carries the overlay addresses.
 
         ARP is off because the tc program owns the layer-2 header: without it
         the kernel would ARP for peers into the unused far end and never send.
+        IFF_NOARP stops IPv6 neighbour discovery as well (neighbours are
+        NOARP, addresses skip DAD); IPv6 is enabled only on the overlay end
+        and only for an IPv6 overlay address, without a link-local address,
+        router solicitations or autoconfiguration, so no ND, RS or SLAAC
+        traffic meets mrc_tx (MLD reports for the address's solicited-node
+        group do: they are dropped as tx_no_peer).
         """
         peer = overlay_peer_name(device)
         if self.index(device) is None:
             self.ipr.link("add", ifname=device, kind="veth", peer={"ifname": peer})
-        for name in (device, peer):
-            set_sysctl(f"net/ipv6/conf/{name}/disable_ipv6", "1", missing_ok=True)
+        v6 = any(a.version == 6 for a in addresses)
+        if v6:
+            for key, value in (("addr_gen_mode", "1"), ("accept_ra", "0"), ("autoconf", "0"),
+                               ("router_solicitations", "0"), ("accept_dad", "0")):
+                set_sysctl(f"net/ipv6/conf/{device}/{key}", value, missing_ok=True)
+        set_sysctl(f"net/ipv6/conf/{device}/disable_ipv6", "0" if v6 else "1", missing_ok=True)
+        set_sysctl(f"net/ipv6/conf/{peer}/disable_ipv6", "1", missing_ok=True)
         for name in (device, peer):
             idx = self.index(name)
             self.ipr.link("set", index=idx, mtu=mtu)
@@ -104,8 +127,12 @@ class Netlink:
             flags = link["flags"] | IFF_NOARP
             self.ipr.link("set", index=idx, flags=flags, change=IFF_NOARP)
         idx = self.index(device)
-        if not any(a == address for a in self.addresses(device)):
-            self.ipr.addr("add", index=idx, address=str(address.ip), prefixlen=address.network.prefixlen)
+        have = self.addresses(device)
+        for address in addresses:
+            if not any(a == address for a in have):
+                kw = {"flags": IFA_F_NODAD} if address.version == 6 else {}
+                self.ipr.addr("add", index=idx, address=str(address.ip), prefixlen=address.network.prefixlen,
+                              **kw)
         for name in (peer, device):
             self.ipr.link("set", index=self.index(name), state="up")
 
@@ -119,23 +146,30 @@ class Netlink:
 
     # ------------------------------------------------------------ routes
     def route_replace(self, dst: str, device: str) -> None:
-        self.ipr.route("replace", dst=dst, oif=self.index(device), scope="link")
+        if ":" in dst:
+            self.ipr.route("replace", dst=dst, oif=self.index(device), family=socket.AF_INET6)
+        else:
+            self.ipr.route("replace", dst=dst, oif=self.index(device), scope="link")
 
     def route_delete(self, dst: str, device: str) -> None:
         idx = self.index(device)
         if idx is not None:
+            # IPv4: the scope route_replace gave it, without it the kernel
+            # finds no such route (ESRCH) and the route stayed; IPv6 has none
+            kw = {"family": socket.AF_INET6} if ":" in dst else {"family": socket.AF_INET, "scope": "link"}
             with suppress(NetlinkError):
-                self.ipr.route("del", dst=dst, oif=idx)
+                self.ipr.route("del", dst=dst, oif=idx, **kw)
 
     def routes_via(self, device: str) -> list[str]:
         idx = self.index(device)
         if idx is None:
             return []
         out = []
-        for r in self.ipr.get_routes(family=socket.AF_INET, oif=idx):
-            dst = r.get("dst")
-            if dst:
-                out.append(f"{dst}/{r['dst_len']}")
+        for fam in (socket.AF_INET, socket.AF_INET6):
+            for r in self.ipr.get_routes(family=fam, oif=idx):
+                dst = r.get("dst")
+                if dst and r.get("type", 1) == 1:     # unicast
+                    out.append(f"{dst}/{r['dst_len']}")
         return out
 
     # ------------------------------------------------------------ neighbours
@@ -160,23 +194,47 @@ class Netlink:
         Parsed here rather than by pyroute2, which took 0.2 s of CPU for a
         few hundred entries (the agent reads the table once a second)."""
         out = {}
+        names = _ADDR_NAMES
+        if len(names) > 1 << 16:
+            names.clear()
         for family in (socket.AF_INET, socket.AF_INET6):
             for ifindex, state, dst, mac in _neigh_dump(family):
                 # NUD_INCOMPLETE (1) and NUD_FAILED (0x20) have no usable address
                 if mac and dst and not state & 0x21:
-                    out[(ifindex, str(ipaddress.ip_address(dst)))] = mac
+                    # the address as text, made once per address: thousands
+                    # of neighbours, once a second
+                    name = names.get(dst)
+                    if name is None:
+                        name = names[dst] = str(ipaddress.ip_address(dst))
+                    out[(ifindex, name)] = mac
         return out
 
-    def resolve_neighbours(self, wanted: list[tuple[str, object]], timeout: float = 1.5) -> dict:
-        """Ask the kernel to resolve each (device, address), wait for the answers.
-
-        A datagram to the discard port bound to the plane makes the kernel run
-        ARP/ND; entries not resolved in time stay None and the tc program falls
-        back to bpf_redirect_neigh for them.
-        """
-        # one route lookup per (device, address) and one neighbour dump per
-        # round: a filtered get_neighbours() dumps the whole table each time
+    def poke_neighbours(self, wanted: list[tuple[str, object]]) -> dict:
+        """Start resolving each (device, address): the next hop of each, and
+        a datagram to the discard port for those not in the neighbour table,
+        which makes the kernel run ARP/ND. Returns the hops, for
+        resolve_neighbours(); `up` does this before the BPF programs verify,
+        and the answers arrive meanwhile."""
+        # one route lookup per (device, address) and one neighbour dump: a
+        # filtered get_neighbours() dumps the whole table each time
         hops = {key: (self.index(key[0]), self.next_hop(*key)) for key in wanted}
+        table = self.neighbour_table()
+        for key, hop in hops.items():
+            if table.get(hop) is None:
+                _poke(*key)
+        return hops
+
+    def resolve_neighbours(self, wanted: list[tuple[str, object]], timeout: float = 1.5,
+                           hops: dict | None = None) -> dict:
+        """The MAC of each (device, address), waiting up to `timeout` for
+        the kernel to resolve those it has not (asked again every 0.5 s).
+
+        Entries not resolved in time stay None and the tc program falls
+        back to bpf_redirect_neigh for them. `hops`: from poke_neighbours(),
+        which asked already.
+        """
+        poked = hops is not None
+        hops = hops if poked else {key: (self.index(key[0]), self.next_hop(*key)) for key in wanted}
 
         def look(keys) -> None:
             table = self.neighbour_table()
@@ -186,8 +244,9 @@ class Netlink:
         result: dict = {}
         look(wanted)
         pending = [k for k, v in result.items() if v is None]
-        deadline = time.monotonic() + timeout
-        poke_at = 0.0
+        now = time.monotonic()
+        deadline = now + timeout
+        poke_at = now + 0.5 if poked else 0.0
         while pending and time.monotonic() < deadline:
             if time.monotonic() >= poke_at:
                 for dev, addr in pending:
@@ -226,19 +285,10 @@ class Netlink:
                 self.ipr.link("set", index=idx, xdp={"attrs": [("IFLA_XDP_FD", -1), ("IFLA_XDP_FLAGS", flags)]})
 
     def link_kind(self, device: str) -> str | None:
-        """IFLA_INFO_KIND: "veth", "bridge", "vxlan", ... for a virtual
-        device, None for a NIC (a driver's device has no link kind).
-        Netlink, not sysfs: right inside any network namespace."""
-        link = self.link(device)
-        if link is None:
-            return None
-        info = link.get_attr("IFLA_LINKINFO")
-        return info.get_attr("IFLA_INFO_KIND") if info is not None else None
+        return link_kind(device)
 
     def auto_rx_hook(self, device: str) -> str:
-        """rx_hook "auto": tc ingress on a virtual device (XDP on a veth
-        costs its peer TSO: docs/benchmarks/receive-hook.md), XDP on a NIC."""
-        return "tc" if self.link_kind(device) else "xdp"
+        return auto_rx_hook(device)
 
     # ------------------------------------------------------------ tc
     def attach_tc_egress(self, device: str, prog_fd: int, name: str) -> None:
@@ -304,6 +354,48 @@ def os_strerror(code: int) -> str:
         return str(code)
 
 
+def link_kind(device: str) -> str | None:
+    """IFLA_INFO_KIND: "veth", "bridge", "vxlan", ... for a virtual
+    device, None for a NIC (a driver's device has no link kind) or no such
+    device. Netlink, not sysfs: right inside any network namespace; one
+    RTM_GETLINK on a raw socket, so that `up` can decide its receive hooks
+    (and so which programs to verify) before pyroute2 is imported."""
+    try:
+        ifindex = socket.if_nametoindex(device)
+    except OSError:
+        return None
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE) as s:
+        s.bind((0, 0))
+        s.send(struct.pack("=IHHII", 16 + 16, _RTM_GETLINK, _NLM_F_REQUEST, 1, 0) +
+               struct.pack("=BxHiII", socket.AF_UNSPEC, 0, ifindex, 0, 0))
+        buf = s.recv(1 << 16)
+    ln, typ = struct.unpack_from("=IH", buf, 0) if len(buf) >= 16 else (0, 0)
+    if typ != _RTM_NEWLINK or ln > len(buf):
+        return None
+    for atype, a, end in _attrs(buf, 16 + 16, ln):
+        if atype == _IFLA_LINKINFO:
+            for itype, b, bend in _attrs(buf, a, end):
+                if itype == _IFLA_INFO_KIND:
+                    return bytes(buf[b:bend]).rstrip(b"\0").decode() or None
+    return None
+
+
+def _attrs(buf, off: int, end: int):
+    """(type, value start, value end) of each netlink attribute in buf[off:end]."""
+    while off + 4 <= end:
+        alen, atype = struct.unpack_from("=HH", buf, off)
+        if alen < 4:
+            return
+        yield atype & 0x3FFF, off + 4, min(off + alen, end)
+        off += (alen + 3) & ~3
+
+
+def auto_rx_hook(device: str) -> str:
+    """rx_hook "auto": tc ingress on a virtual device (XDP on a veth
+    costs its peer TSO: docs/benchmarks/receive-hook.md), XDP on a NIC."""
+    return "tc" if link_kind(device) else "xdp"
+
+
 def _poke(device: str, addr) -> None:
     addr = ipaddress.ip_address(addr)
     family = socket.AF_INET6 if addr.version == 6 else socket.AF_INET
@@ -334,10 +426,19 @@ def set_sysctl(key: str, value: str, missing_ok: bool = False) -> None:
             raise
 
 
+_RTM_NEWLINK, _RTM_GETLINK = 16, 18
 _RTM_NEWNEIGH, _RTM_GETNEIGH = 28, 30
 _NLMSG_ERROR, _NLMSG_DONE = 2, 3
+_NLM_F_REQUEST = 0x1
 _NLM_F_REQUEST_DUMP = 0x1 | 0x300
+_IFLA_LINKINFO, _IFLA_INFO_KIND = 18, 1
 _NDA_DST, _NDA_LLADDR = 1, 2
+
+
+_ADDR_NAMES: dict[bytes, str] = {}     # neighbour_table's address texts
+_NLMSG = struct.Struct("=IH")
+_NDMSG = struct.Struct("=BxxxiH")
+_NLA = struct.Struct("=HH")
 
 
 def _neigh_dump(family: int):
@@ -352,7 +453,7 @@ def _neigh_dump(family: int):
             buf = s.recv(1 << 16)
             off = 0
             while off + 16 <= len(buf):
-                ln, typ = struct.unpack_from("=IH", buf, off)
+                ln, typ = _NLMSG.unpack_from(buf, off)
                 if ln < 16:
                     return
                 if typ == _NLMSG_DONE:
@@ -363,12 +464,12 @@ def _neigh_dump(family: int):
                         raise OSError(err, f"neighbour dump: {os.strerror(err)}")
                     return
                 if typ == _RTM_NEWNEIGH:
-                    _fam, ifindex, state = struct.unpack_from("=BxxxiH", buf, off + 16)
+                    _fam, ifindex, state = _NDMSG.unpack_from(buf, off + 16)
                     dst = mac = None
                     a = off + 16 + 12
                     end = off + ln
                     while a + 4 <= end:
-                        alen, atype = struct.unpack_from("=HH", buf, a)
+                        alen, atype = _NLA.unpack_from(buf, a)
                         if alen < 4:
                             break
                         if atype == _NDA_DST:

@@ -43,6 +43,7 @@ import ipaddress
 import json
 import os
 import re
+import struct
 import subprocess
 import time
 from typing import Iterable
@@ -66,6 +67,7 @@ DIRECTIONS = ("up", "down", "both")
 HASH_FIELDS = 0x0001 | 0x0002 | 0x0004 | 0x0010 | 0x0020
 XDP_PASS_OBJ = bpf_dir() / "xdp_pass.bpf.o"
 ECN_MARK_OBJ = bpf_dir() / "ecn_mark.bpf.o"
+ECN_MARK_QUEUE = 30000   # bytes in the phantom queue above which a rate-limited marker marks
 
 
 class Fabric(Testbed):
@@ -92,6 +94,7 @@ class Fabric(Testbed):
         self.host_rate = parse_rate(host_rate)
         self.link_rate = parse_rate(link_rate)
         self.rates = [self.host_rate] * self.n_planes
+        self._ecn_state: dict[tuple[str, str], int] = {}   # (ns, dev) -> the marker's ecn_state map id
 
     # ---- names and addresses -------------------------------------------
 
@@ -441,20 +444,38 @@ class Fabric(Testbed):
         for ns, dev in self._link_ends(p, leaf, spine, direction):
             set_egress_filter(ns, dev, FAULT_PREF_LOSS, code)
 
-    def link_ecn_mark(self, p: int, leaf: int, spine: int, on: bool = True, direction: str = "both") -> None:
-        """A congested link that marks CE on every ECN-capable packet instead
-        of dropping it (bpf/ecn_mark.bpf.c: this kernel has no RED/CoDel)."""
+    def link_ecn_mark(self, p: int, leaf: int, spine: int, on: bool = True, direction: str = "both",
+                      rate=None, queue_bytes: int = ECN_MARK_QUEUE) -> None:
+        """A congested link that marks CE on ECN-capable packets instead of
+        dropping them (bpf/ecn_mark.bpf.c: this kernel has no RED/CoDel):
+        every one, or with `rate` only those that find more than
+        `queue_bytes` in a phantom queue draining at that rate, i.e. while
+        the link carries more than `rate` (set it a little under the link's
+        own rate, as HULL does)."""
+        bits = parse_rate(rate) if rate is not None else 0
+        if rate is not None and not bits:
+            raise TestbedError("a marking rate must be above 0")
+        if not 0 < int(queue_bytes) <= 1 << 30:
+            raise TestbedError("queue_bytes must be 1..2^30")
         for ns, dev in self._link_ends(p, leaf, spine, direction):
             if not on:
                 _run(["tc", "-n", ns, "filter", "del", "dev", dev, "egress", "pref", str(FAULT_PREF_ECN)],
                      check=False)
+                self._ecn_state.pop((ns, dev), None)
                 continue
-            if not ECN_MARK_OBJ.exists():
-                raise TestbedError(f"{ECN_MARK_OBJ} is missing: build the BPF objects (make -C bpf)")
-            if "clsact" not in _run(["tc", "-n", ns, "qdisc", "show", "dev", dev]).stdout:
-                _run(["tc", "-n", ns, "qdisc", "add", "dev", dev, "clsact"])
-            _run(["tc", "-n", ns, "filter", "replace", "dev", dev, "egress", "pref", str(FAULT_PREF_ECN),
-                  "handle", "1", "bpf", "da", "obj", str(ECN_MARK_OBJ), "sec", "tc"])
+            self._ecn_state[(ns, dev)] = _attach_ecn_marker(ns, dev, bits // 8, int(queue_bytes))
+
+    def ecn_marks(self, p: int, leaf: int, spine: int, direction: str = "up") -> dict[str, int]:
+        """What the CE marker this object attached to the link's end saw:
+        {"seen": packets, "marked": packets}."""
+        from ..datapath.libbpf import Map
+
+        (ns, dev), = self._link_ends(p, leaf, spine, direction)
+        if (ns, dev) not in self._ecn_state:
+            raise TestbedError(f"no CE marker attached here on {dev} in {ns}")
+        with Map.from_id(self._ecn_state[(ns, dev)]) as m:
+            _, _, marked, seen = struct.unpack("=4Q", m.lookup(b"\0" * 4))
+        return {"seen": seen, "marked": marked}
 
     def link_carrier(self, p: int, leaf: int, spine: int, up: bool) -> None:
         """Take the link down (both ends see it: the routers drop its next hop)."""
@@ -536,10 +557,11 @@ class Fabric(Testbed):
     # ---- cross traffic -------------------------------------------------
 
     def cross_traffic(self, p: int, leaf: int, spine: int, rate, seconds: float,
-                      direction: str = "up", port: int = 5301) -> subprocess.Popen:
+                      direction: str = "up", port: int = 5301, ecn: bool = False) -> subprocess.Popen:
         """A bounded UDP stream (iperf3) at `rate` through one fabric link in
-        one direction ("up": leaf -> spine). Returns the client process; it
-        ends by itself after `seconds` (and is ended by down())."""
+        one direction ("up": leaf -> spine); ECN-capable (ECT(0)) with `ecn`.
+        Returns the client process; it ends by itself after `seconds` (and
+        is ended by down())."""
         if direction not in ("up", "down"):
             raise TestbedError("cross traffic runs in one direction: up or down")
         if not 0 < float(seconds) <= 600:
@@ -555,10 +577,47 @@ class Fabric(Testbed):
         self._procs.append(server)
         _wait_listen(dst, port)
         client = subprocess.Popen(["ip", "netns", "exec", src, "iperf3", "-c", dst_addr, "-p", str(port),
-                                   "-u", "-b", str(bits), "-t", str(seconds), "-l", "1400", "-J"],
+                                   "-u", "-b", str(bits), "-t", str(seconds), "-l", "1400", "-J",
+                                   *(["-S", "2"] if ecn else [])],
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self._procs.append(client)
         return client
+
+
+def _attach_ecn_marker(ns: str, dev: str, rate_Bps: int, queue_bytes: int) -> int:
+    """Load a fresh ecn_mark program (its own phantom queue), set its rate
+    and attach it to dev's egress in namespace ns. The filter keeps the
+    program and its maps alive after this process closes its handles.
+    Returns the id of its ecn_state map."""
+    from pyroute2 import NetNS
+    from pyroute2.netlink.exceptions import NetlinkError
+
+    from ..datapath.libbpf import BpfObject, LibbpfError
+
+    if not ECN_MARK_OBJ.exists():
+        raise TestbedError(f"{ECN_MARK_OBJ} is missing: build the BPF objects (make -C bpf)")
+    try:
+        obj = BpfObject.open(str(ECN_MARK_OBJ))
+        obj.load()
+        obj.map("ecn_cfg").update(b"\0" * 4, struct.pack("=QQ", rate_Bps, queue_bytes))
+        prog = obj.program("ecn_mark")
+        state_id = obj.map("ecn_state").id
+    except LibbpfError as e:
+        raise TestbedError(f"loading {ECN_MARK_OBJ.name}: {e}") from None
+    try:
+        with NetNS(ns) as ipr:
+            idx = ipr.link_lookup(ifname=dev)[0]
+            try:
+                ipr.tc("add", "clsact", idx)
+            except NetlinkError:
+                pass                                # already there
+            ipr.tc("replace-filter", "bpf", idx, handle=1, fd=prog.fd, name="ecn_mark",
+                   parent=0xFFFFFFF3, prio=FAULT_PREF_ECN, classid=1, direct_action=True)
+    except (NetlinkError, IndexError) as e:
+        raise TestbedError(f"attaching the CE marker to {dev} in {ns}: {e}") from None
+    finally:
+        obj.close()
+    return state_id
 
 
 def _wait_listen(ns: str, port: int, timeout: float = 5.0) -> None:

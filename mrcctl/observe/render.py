@@ -215,7 +215,10 @@ def _auth_text(peers: list[str]) -> str:
 def print_status(snap: dict, console: Console | None = None, view: str = "auto") -> None:
     console = console or Console()
     ov = snap.get("overlay", {})
-    console.print(f"[bold]{ov.get('device', '?')}[/] {ov.get('address', '?')} mtu {ov.get('mtu')} "
+    addrs = " ".join(ov.get("addresses") or [ov.get("address", "?")])
+    if ov.get("prefixes"):
+        addrs += f" (+{', '.join(ov['prefixes'])})"
+    console.print(f"[bold]{ov.get('device', '?')}[/] {addrs} mtu {ov.get('mtu')} "
                   f"udp/{ov.get('udp_port')}  planes: {', '.join(_plane(p) for p in snap.get('planes', []))}"
                   f"  auth: {_auth_text(snap.get('auth', {}).get('peers', []))}")
     # what reaches the stack from each plane besides MRC (bpf/acl.h)

@@ -71,9 +71,13 @@ def _optional_map(dp: Datapath, name: str):
         return None
 
 
-def _path_mtu(m, key: bytes, now_ns: int) -> int | None:
+def _ecn_echoes(raw: bytes | None) -> int:
+    """How often the peer echoed CE for this path (bpf/congest.h)."""
+    return wire.PathCong.unpack(raw).ce_echoes if raw else 0
+
+
+def _path_mtu(raw: bytes | None, now_ns: int) -> int | None:
     """The path MTU an ICMP reported (bpf/pmtu.h) while in force."""
-    raw = m.lookup(key) if m is not None else None
     if not raw:
         return None
     ent = wire.PathMtu.unpack(raw)
@@ -100,22 +104,40 @@ def snapshot(cfg: cfgmod.Config, dp: Datapath | None = None, peers: set[str] | N
 
 def _snapshot(cfg: cfgmod.Config, dp: Datapath, only: set[str] | None = None) -> dict:
     now_ns = time.monotonic_ns()
-    stats_m = dp.map("mrc_path_stats")
+    stats_m, cnt_m = dp.map("mrc_path_stats"), _optional_map(dp, "mrc_path_cnt")
+    paths_m, admin_m, live_m = dp.map("mrc_paths"), dp.map("mrc_admin"), dp.map("mrc_live")
     peers_m, seq_m = dp.map("mrc_peers"), dp.map("mrc_peer_seq")
     inst_state = dp.inst.read()
     mtu_m = _optional_map(dp, "mrc_path_mtu")
+    cong_m = _optional_map(dp, "mrc_path_cong")
+    # indices, not the count: live membership leaves holes (assign_indices)
+    n_peers = max((p.index for p in cfg.peers), default=-1) + 1
+    # One batch read per map for all peers, then per map per peer for its
+    # paths: thousands of peers, not one system call per counter.
+    pents = peers_m.lookup_range(0, n_peers)
+    seqs = seq_m.lookup_range(0, n_peers)
     peers = []
     for peer in cfg.peers:
         if only is not None and peer.name not in only:
             continue
-        praw = peers_m.lookup(wire.u32(peer.index))
-        pent = wire.Peer.unpack(praw) if praw else wire.Peer()
-        seq = wire.PeerSeq.unpack(seq_m.lookup(wire.u32(peer.index)) or bytes(wire.PeerSeq.size()))
+        pent = wire.Peer.unpack(pents[peer.index]) if peer.index < len(pents) else wire.Peer()
+        seq = wire.PeerSeq.unpack(seqs[peer.index]) if peer.index < len(seqs) else wire.PeerSeq()
+        first, n = dp.path_idx(peer.index, 0), len(peer.paths)
+        hot = stats_m.read_range(first, n)
+        cold = cnt_m.read_range(first, n) if cnt_m is not None else []
+        ents, admins, lives = (m.read_range(first, n) for m in (paths_m, admin_m, live_m))
+        mtus = mtu_m.read_range(first, n) if mtu_m is not None else []
+        congs = cong_m.read_range(first, n) if cong_m is not None else []
+        step = (stats_m.value_size + 7) & ~7
         paths = []
         for path in peer.paths:
-            key = wire.path_key(peer.index, path.id)
-            st = wire.PathStats.sum(stats_m.lookup_percpu(key))
-            pent_path, live = dp.path(peer.index, path.id)
+            i = path.id
+            st = wire.PathCounters.of([hot[i][c * step:c * step + stats_m.value_size]
+                                       for c in range(len(hot[i]) // step)],
+                                      cold[i] if i < len(cold) else None)
+            pent_path = wire.Path.unpack(ents[i])
+            pent_path.admin = wire.unpack_u32(admins[i])
+            live = wire.PathLive.unpack(lives[i])
             age_ms = (now_ns - live.last_ack_ns) / 1e6 if live.last_ack_ns else None
             paths.append({
                 "id": path.id,
@@ -127,13 +149,13 @@ def _snapshot(cfg: cfgmod.Config, dp: Datapath, only: set[str] | None = None) ->
                 "tx_packets": st.tx_packets,
                 "tx_bytes": st.tx_bytes,
                 "tx_steered": st.tx_steered,
+                "tx_hedged": st.tx_hedged,
                 "rx_packets": st.rx_packets,
                 "rx_bytes": st.rx_bytes,
                 "rx_ooo": st.rx_ooo,
                 "rx_dup": st.rx_dup,
                 "rx_late": st.rx_late,
                 "rx_ce": st.rx_ce,
-                "rx_ooo_hist": _hist(st.rx_ooo_hist),
                 "slot_share": None,
                 "probes_tx": st.probes_tx,
                 "probes_rx": st.probes_rx,
@@ -143,11 +165,14 @@ def _snapshot(cfg: cfgmod.Config, dp: Datapath, only: set[str] | None = None) ->
                 # path health (bpf/judge.h, bpf/evidence.h): send-to-evidence delay, relapses
                 "evidence_delay_ms": round(live.ev_rtt_us / 1000, 3) if live.ev_rtt_us else None,
                 "flaps": live.flaps,
-                "mtu": _path_mtu(mtu_m, key, now_ns),
+                "mtu": _path_mtu(mtus[i] if i < len(mtus) else None, now_ns),
+                "ecn_echoes": _ecn_echoes(congs[i] if i < len(congs) else None),
             })
         peers.append({
             "name": peer.name,
             "overlay": str(peer.overlay),
+            "overlays": [str(a) for a in peer.overlays],
+            "prefixes": [str(n) for n in peer.prefixes],
             "spray": wire.SprayMode(pent.spray_mode).label
             if pent.spray_mode in wire.SprayMode._value2member_map_ else peer.spray,
             "spray_config": peer.spray,
@@ -170,6 +195,8 @@ def _snapshot(cfg: cfgmod.Config, dp: Datapath, only: set[str] | None = None) ->
         "overlay": {
             "device": cfg.overlay_device,
             "address": str(cfg.overlay_address),
+            "addresses": [str(a) for a in cfg.overlay_addresses],
+            "prefixes": [str(n) for n in cfg.overlay_prefixes],
             "mtu": inst_state.get("mtu"),
             "udp_port": cfg.udp_port,
         },
@@ -225,7 +252,8 @@ def _health(dp: Datapath) -> dict:
         import json
         rep = json.loads((dp.inst.run_dir / "health.json").read_text())
         out["agent"] = {k: rep.get(k) for k in ("probes_sent", "probe_errors", "probes_deferred", "probe_budget",
-                                                  "peers_in_use", "probed_paths",
+                                                  "probes_generated", "probe_generator_planes",
+                                                  "probe_generator_error", "peers_in_use", "probed_paths",
                                                   "planes_down", "events", "cpu_s", "uptime_s")}
     except (OSError, ValueError):
         pass

@@ -19,7 +19,15 @@ from mrcctl.lab.testbed import Testbed
 
 REPO = Path(__file__).resolve().parents[2]
 XFER = str(REPO / "scripts" / "xfer.py")
+UDPSEQ = str(REPO / "scripts" / "udpseq.py")
 MRCCTL = [sys.executable, "-m", "mrcctl"]
+# What the failover tests run with: a silent path is retired after 10 ms and
+# comes back after 3 probe replies 20 ms apart.
+FAST_HEALTH = """[health]
+dead_after_ms = 10
+probe_interval_ms = 20
+recover_probes = 3
+"""
 
 
 class Lab:
@@ -69,9 +77,51 @@ class Lab:
                                  f"{cp.stderr.strip()}")
         return cp
 
-    def up(self, hosts=None):
-        for i in hosts if hosts is not None else self.tb.hosts():
+    def up(self, hosts=None, settle: bool = False):
+        hosts = list(hosts if hosts is not None else self.tb.hosts())
+        for i in hosts:
             self.mrcctl(i, "up")
+        if settle:
+            self.settle(hosts)
+
+    def settle(self, hosts=None, timeout: float = 5.0):
+        """Wait until every path of the given hosts is GOOD. Hosts come up one
+        after another, so the first one's probes time out (probe_loss) until
+        its peers are up, and its paths recover by probes a few hundred ms
+        later: a test that measures how traffic splits must start after that,
+        or the slot walk's detour around the recovering paths is what it
+        measures."""
+        hosts = list(hosts if hosts is not None else self.tb.hosts())
+        deadline = time.monotonic() + timeout
+        while True:
+            bad = [(i, p["plane"], p["ev"], p["state"]) for i in hosts for p in self.paths(i)
+                   if p["state"] != "GOOD"]
+            bad += [(i, "no MAC", slot) for i in hosts for slot in self.unresolved(i)]
+            if not bad:
+                return
+            if time.monotonic() > deadline:
+                raise AssertionError(f"paths not GOOD and resolved {timeout:.0f} s after up: {bad}")
+            time.sleep(0.05)
+
+    def unresolved(self, i: int) -> list[int]:
+        """Slots of host i's configured paths without a next-hop MAC yet:
+        `up` leaves them to the agent's neighbour task (mrc_tx sends them
+        through bpf_redirect_neigh meanwhile, but cannot hedge onto them)."""
+        from mrcctl.datapath import abi as wire
+        from mrcctl.datapath.libbpf import Map
+        from mrcctl.instance.state import Instance
+
+        ino = int(self.tb.exec(i, ["stat", "-L", "-c", "%i", "/proc/self/ns/net"]).stdout)
+        state = Instance("mrc0", netns=ino).read()
+        with Map.from_id(state["map_ids"]["mrc_paths"]) as paths:
+            raws = paths.lookup_range(0, paths.max_entries)
+        entries = [wire.Path.unpack(r) for r in raws]
+        return [k for k, e in enumerate(entries) if e.ifindex and e.dmac == "00:00:00:00:00:00"]
+
+    def events(self, i: int, since: float) -> list[dict]:
+        """Host i's EV events (mrcctl events --json) at or after wall time `since`."""
+        out = self.mrcctl(i, "events", "--json").stdout
+        return [e for e in map(json.loads, out.splitlines()) if e["time"] >= since]
 
     def status(self, i: int) -> dict:
         return json.loads(self.mrcctl(i, "status", "--json").stdout)
@@ -125,6 +175,11 @@ class Lab:
         out = self.tb.exec(i, ["tc", "-s", "-j", "qdisc", "show", "dev", dev]).stdout
         return sum(q.get(key, 0) for q in json.loads(out or "[]") if kind in (None, q.get("kind")))
 
+    def link_stats(self, i: int, dev: str) -> dict:
+        """`ip -s` stats64 of host i's dev: {"rx": {...}, "tx": {...}}."""
+        link = json.loads(self.tb.exec(i, ["ip", "-s", "-j", "link", "show", "dev", dev]).stdout)
+        return link[0].get("stats64", {})
+
     def plane_drops(self, i: int) -> int:
         """Packets host i's plane devices dropped on transmit, qdisc and
         device together: the wire losses a receiver may legitimately see."""
@@ -132,8 +187,7 @@ class Lab:
         for j in self.tb.peers(i):
             for dev in self.tb.planes(i, j):
                 total += self.qdisc_counter(i, dev, "drops")
-                link = json.loads(self.tb.exec(i, ["ip", "-s", "-j", "link", "show", "dev", dev]).stdout)
-                total += link[0].get("stats64", {}).get("tx", {}).get("dropped", 0)
+                total += self.link_stats(i, dev).get("tx", {}).get("dropped", 0)
         return total
 
     def nstat(self, i: int) -> dict[str, int]:

@@ -37,7 +37,7 @@ def sample(cfg: cfgmod.Config, seconds: float, interval_ms: float, out: str) -> 
                 tx: dict[str, int] = {}
                 for p, c in zip(peer.paths, counts):
                     planes[p.plane.device] = planes.get(p.plane.device, 0.0) + c / total
-                    st = wire.PathStats.sum(stats_m.lookup_percpu(wire.path_key(peer.index, p.id)))
+                    st = wire.PathStats.sum(stats_m.lookup_percpu(dp.path_key(peer.index, p.id)))
                     tx[p.plane.device] = tx.get(p.plane.device, 0) + st.tx_bytes
                 rows.append({"t": t, "peer": peer.name, "shares": planes, "tx_bytes": tx})
             time.sleep(max(0.0, interval_ms / 1000.0 - (time.monotonic() - t)))

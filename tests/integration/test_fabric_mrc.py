@@ -13,15 +13,11 @@ import time
 
 import pytest
 
-from lab import Lab
+from lab import FAST_HEALTH, Lab
 
 PLANES = 2
 EVS = 4
-HEALTH = """[health]
-dead_after_ms = 10
-probe_interval_ms = 20
-recover_probes = 3
-"""
+HEALTH = FAST_HEALTH
 
 
 @pytest.fixture(scope="module", params=["xdp", "tc"])
@@ -110,3 +106,48 @@ def test_ce_marked_on_one_link_reaches_the_inner_tcp_and_is_counted_on_its_evs(l
     finally:
         lab.tb.link_ecn_mark(0, 0, spine, on=False)
         lab.tb.exec(0, ["sysctl", "-qw", "net.ipv4.tcp_ecn=2"])
+
+
+def test_traffic_moves_off_the_evs_of_a_marking_link(lab):
+    """A congested (CE-marking) leaf-spine link on plane 0: the sender hears
+    of the marks from the receiver's echoes (MRC_F_ECE) and its spray
+    passes those EVs over, so they carry far less than the others; with
+    weights.ecn_hold_us = 0 in the same run they carry their share."""
+    paths = lab.paths(0, "h1")
+    evs = [x["ev"] for x in paths if x["plane"] == "p0"]
+    spines = lab.tb.ev_spines(0, 0, 1, evs)
+    spine = max((0, 1), key=lambda s: sum(1 for v in spines.values() if v == s))
+    marked = {ev for ev, s in spines.items() if s == spine}
+
+    def per_ev_share(port: int) -> tuple[float, float, int]:
+        before = {x["ev"]: x for x in lab.paths(0, "h1")}
+        s, r = lab.transfer(0, 1, "24M", port=port)
+        assert s["sha256"] == r["sha256"]
+        sent = {}
+        for x in lab.paths(0, "h1"):
+            b = before[x["ev"]]
+            # what the spray table sent there
+            sent[x["ev"]] = (x["tx_packets"] - b["tx_packets"]) - \
+                sum(x[k] - b[k] for k in ("tx_steered", "tx_hedged"))
+        mean = lambda vals: sum(vals) / max(1, len(vals))   # noqa: E731
+        hot = mean([v for ev, v in sent.items() if ev in marked])
+        cold = mean([v for ev, v in sent.items() if ev not in marked])
+        echoes = sum(x["ecn_echoes"] - before[x["ev"]]["ecn_echoes"] for x in lab.paths(0, "h1"))
+        return hot / cold, cold, echoes
+
+    lab.tb.exec(0, ["sysctl", "-qw", "net.ipv4.tcp_ecn=1"])
+    lab.tb.link_ecn_mark(0, 0, spine, direction="up")
+    try:
+        avoid, _, echoes = per_ev_share(5604)
+        lab.write_config(0, **dict(lab.cfg_kw, extra=HEALTH + "[weights]\necn_hold_us = 0\n"))
+        lab.mrcctl(0, "up")
+        plain, _, echoes_off = per_ev_share(5605)
+    finally:
+        lab.write_config(0, **lab.cfg_kw)
+        lab.mrcctl(0, "up")
+        lab.tb.link_ecn_mark(0, 0, spine, on=False)
+        lab.tb.exec(0, ["sysctl", "-qw", "net.ipv4.tcp_ecn=2"])
+    assert echoes > 0 and echoes_off > 0          # the receiver told of the marks both times
+    assert plain > 0.6, (plain, marked, spines)   # without avoidance: about their share
+    assert avoid < 0.5 * plain, (avoid, plain, marked, spines)
+

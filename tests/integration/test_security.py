@@ -84,6 +84,9 @@ def test_allow_underlay_refuses_ping_not_mrc(tmp_path):
 
         # ARP keeps working on the restricted plane: h1 resolves h0 anew
         lab.tb.exec(1, ["ip", "neigh", "flush", "dev", p0], check=False)
+        # the agent's neighbour task (once a second) sees the entry gone and
+        # sends through the neighbour table, whose ARP must pass the list
+        time.sleep(1.5)
         send, recv = lab.transfer(0, 1, "16M")
         assert recv["sha256"] == send["sha256"] and recv["bytes"] == 16 << 20
         send, recv = lab.transfer(1, 0, "16M", port=5002)
@@ -91,7 +94,12 @@ def test_allow_underlay_refuses_ping_not_mrc(tmp_path):
         s1 = lab.status(1)
         on_p0 = [p for p in _paths_to(s1, "h0") if p["plane"] == p0]
         assert on_p0 and all(p["rx_packets"] > 0 and p["tx_packets"] > 0 for p in on_p0)
-        neigh = lab.tb.exec(1, ["ip", "neigh", "show", "dev", p0]).stdout
+        deadline = time.monotonic() + 5
+        while True:
+            neigh = lab.tb.exec(1, ["ip", "neigh", "show", "dev", p0]).stdout
+            if lab.tb.addr(0, 1, 0) in neigh or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
         assert lab.tb.addr(0, 1, 0) in neigh and "FAILED" not in neigh, neigh
 
         planes = {p["device"]: p["allow_underlay"] for p in s1["planes"]}

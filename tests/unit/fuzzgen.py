@@ -15,8 +15,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import unit_pkt as pkt
-from unit_dp import (LOCAL_OVERLAY, OUR_MAC, OVL_DMAC, OVL_SMAC, PATHS, PEER, PEER_MAC,
-                     PEER_OVERLAY, UDP_PORT)
+from unit_dp import (LOCAL_OVERLAY, LOCAL_OVERLAY6, OUR_MAC, OVL_DMAC, OVL_SMAC, PATHS, PEER, PEER_MAC,
+                     PEER_OVERLAY, PEER_OVERLAY6, UDP_PORT)
 from mrcctl.datapath import abi as wire
 import rxmodel
 from rxmodel import RxModel, TxModel, Verdict
@@ -35,6 +35,7 @@ WIDE_PEER = 9
 WIDE_PEER_SRC = "fd00:9::2"
 WIDE_PEER_OVERLAY = "10.99.0.9"
 ROUTED_PREFIX = "10.77.0.0/16"
+ROUTED_PREFIX6 = "fd77::/48"                     # an IPv6 prefix behind the peer
 # Probes the agent sent: (path, seq, nonce); a reply echoing one is genuine.
 PROBES = [(path, seq, (0x9E3779B97F4A7C15 * (path * 31 + seq + 1)) & 0xFFFFFFFFFFFFFFFF)
           for path in range(4) for seq in (100, 101, 102)]
@@ -43,6 +44,8 @@ INNER_SRC_OF = {PATHS[0].daddr: PEER_OVERLAY, PATHS[3].daddr: PEER_OVERLAY, PATH
                 WIDE_PEER_SRC: WIDE_PEER_OVERLAY}
 INNER_ADDRS = [PEER_OVERLAY, LOCAL_OVERLAY, WIDE_PEER_OVERLAY, "10.77.3.4", "10.99.0.77", "10.99.0.255",
                "0.0.0.0", "255.255.255.255"]
+INNER_ADDRS6 = [PEER_OVERLAY6, LOCAL_OVERLAY6, "fd77::1", "fd77:0:1::5", "fd99::77", "::ffff:10.99.0.2",
+                "::10.99.0.2", "ff02::1"]
 UNKNOWN_SRCS = ["203.0.113.9", "192.0.2.3", "fd00:1::3", "fd00:99::2"]
 KNOWN_SRCS = [PATHS[0].daddr, PATHS[0].saddr, PATHS[1].daddr, PATHS[3].daddr, OTHER_PLANE_SRC,
               EMPTY_PEER_SRC, WIDE_PEER_SRC]
@@ -58,6 +61,8 @@ def configure(dp) -> tuple[RxModel, TxModel]:
     dp.set_peer(WIDE_PEER, n_paths=wire.MRC_MAX_PATHS, overlay=WIDE_PEER_OVERLAY)
     dp.set_owner(WIDE_PEER_OVERLAY, WIDE_PEER)
     dp.set_owner(ROUTED_PREFIX, PEER)                # a prefix routed to the peer (issue #14)
+    dp.set_owner(ROUTED_PREFIX6, PEER)
+    dp.set_route(ROUTED_PREFIX6, PEER)
     rx = RxModel(udp_port=UDP_PORT)
     for p in PATHS:
         rx.add_source(p.saddr, PEER, plane=p.plane)
@@ -74,6 +79,9 @@ def configure(dp) -> tuple[RxModel, TxModel]:
     rx.add_owner(LOCAL_OVERLAY, wire.MRC_OWNER_LOCAL)
     rx.add_owner(WIDE_PEER_OVERLAY, WIDE_PEER)
     rx.add_owner(ROUTED_PREFIX, PEER)
+    rx.add_owner(PEER_OVERLAY6, PEER)
+    rx.add_owner(LOCAL_OVERLAY6, wire.MRC_OWNER_LOCAL)
+    rx.add_owner(ROUTED_PREFIX6, PEER)
     for peer in (PEER, WIDE_PEER):                   # outstanding probes whose replies are genuine
         for path, seq, nonce in PROBES:
             dp.probe_sent(path, seq, peer=peer, nonce=nonce)
@@ -81,6 +89,8 @@ def configure(dp) -> tuple[RxModel, TxModel]:
     dp.set_slots([0])                      # path 0: IPv4 underlay
     tx = TxModel()
     tx.add_peer(PEER_OVERLAY, PATHS[0].family)
+    tx.add_peer(PEER_OVERLAY6, PATHS[0].family)
+    tx.add_prefix(ROUTED_PREFIX6, PATHS[0].family)
     return rx, tx
 
 
@@ -93,7 +103,7 @@ def reset_evidence(dp) -> None:
     dp.set_seq(PEER)
     for i in range(len(PATHS)):
         dp.set_live(i)
-        dp.maps["mrc_path_mtu"].update(wire.path_key(PEER, i), wire.PathMtu().pack())
+        dp.maps["mrc_path_mtu"].update(wire.DEFAULT_SIZING.path_key(PEER, i), wire.PathMtu().pack())
 
 
 # ------------------------------------------------------------------ seeds
@@ -111,6 +121,13 @@ def _inner(rng: random.Random, src: str = PEER_OVERLAY) -> bytes:
     else:
         body = pkt.udp(5201, 40000, rng.randbytes(n))
         proto = pkt.IPPROTO_UDP
+    if rng.random() < 0.35:                          # inner IPv6 (its addresses instead)
+        src6 = PEER_OVERLAY6 if src == PEER_OVERLAY else rng.choice(INNER_ADDRS6)
+        dst6 = LOCAL_OVERLAY6 if dst == LOCAL_OVERLAY else rng.choice(INNER_ADDRS6)
+        if rng.random() < 0.1:
+            src6 = "fd77::" + format(rng.getrandbits(16), "x")     # inside the routed prefix
+        return pkt.ipv6(src6, dst6, proto if rng.random() < 0.9 else rng.choice([0, 44, 58]), body,
+                        tc=_tos(rng))
     return pkt.ipv4(src, dst, proto, body, ident=rng.getrandbits(16), tos=_tos(rng))
 
 
@@ -239,6 +256,9 @@ def tx_seed(rng: random.Random) -> bytes:
         body, proto = bytes([8, 0, 0, 0]) + rng.randbytes(56), 1
     else:
         return rx_seed(rng)                          # anything may reach mrc0's egress
+    if rng.random() < 0.3:                           # inner IPv6: a peer, a prefix behind it, or no one
+        dst6 = rng.choice([PEER_OVERLAY6, PEER_OVERLAY6, "fd77::9", "fd99::77", "ff02::1"])
+        return pkt.eth(OVL_DMAC, OVL_SMAC, pkt.ETH_P_IPV6) + pkt.ipv6(LOCAL_OVERLAY6, dst6, proto, body)
     opts = b"" if rng.random() < 0.9 else b"\x01" * 4 * rng.randrange(1, 11)
     return e + pkt.ipv4(LOCAL_OVERLAY, dst, proto, body, options=opts, df=rng.random() < 0.5)
 

@@ -57,6 +57,17 @@ class Verdict:
 
 
 
+def longest_prefix(table: dict, addr: bytes):
+    """The value of the longest network in table (either family) holding
+    the 4- or 16-byte address, or None: an LPM trie's lookup."""
+    a = ipaddress.ip_address(bytes(addr))
+    best = None
+    for net, value in table.items():
+        if net.version == a.version and a in net and (best is None or net.prefixlen > best[0]):
+            best = (net.prefixlen, value)
+    return best[1] if best else None
+
+
 def _u16(b: bytes, off: int) -> int:
     return (b[off] << 8) | b[off + 1]
 
@@ -72,8 +83,9 @@ class RxModel:
     rx_peers: (ingress ifindex, family, 16-byte address) -> (peer index,
     plane index); n_paths: peer index -> paths (0 = free entry);
     path_plane: (peer, path id) -> the path's plane (0 for an entry never
-    written, as the array map reads); owners: overlay IPv4 network ->
-    peer index or MRC_OWNER_LOCAL, looked up by longest prefix.
+    written, as the array map reads); owners: overlay network of either
+    family -> peer index or MRC_OWNER_LOCAL, looked up by longest prefix
+    within the address's family.
     """
     udp_port: int = wire.MRC_DEFAULT_UDP_PORT
     rx_peers: dict = field(default_factory=dict)
@@ -103,13 +115,9 @@ class RxModel:
     def add_owner(self, prefix: str, owner: int) -> None:
         self.owners[ipaddress.ip_network(prefix, strict=False)] = owner
 
-    def owner(self, addr4: bytes) -> int | None:
-        a = ipaddress.IPv4Address(addr4)
-        best = None
-        for net, who in self.owners.items():
-            if a in net and (best is None or net.prefixlen > best[0]):
-                best = (net.prefixlen, who)
-        return best[1] if best else None
+    def owner(self, addr: bytes) -> int | None:
+        """The owner of a 4- or 16-byte address (IPv4, IPv6)."""
+        return longest_prefix(self.owners, addr)
 
     # ------------------------------------------------------------------ rx
     def verdict(self, f: bytes, ingress: int = 1) -> Verdict:
@@ -194,7 +202,7 @@ class RxModel:
             return PASS if reply_only else Verdict(XDP_DROP, reason)
 
         peer, plane = self.rx_peers.get((ingress, family, src), (None, None))
-        if peer is None or peer >= wire.MRC_MAX_PEERS or not self.n_paths.get(peer, 0):
+        if peer is None or peer >= wire.MRC_DEFAULT_PEERS or not self.n_paths.get(peer, 0):
             return refuse(R.RX_UNKNOWN_PEER)
         n_paths = self.n_paths[peer]
 
@@ -214,7 +222,7 @@ class RxModel:
             return Verdict(XDP_DROP, R.RX_BAD_MAC, None, moff)
         if mtype == wire.MsgType.PROBE:
             return Verdict(XDP_TX, R.RX_PROBE_REPLIED, self._probe_reply(f, family, uoff, moff), moff)
-        if mtype not in (wire.MsgType.DATA, wire.MsgType.PROBE_REPLY):
+        if mtype not in (wire.MsgType.DATA, wire.MsgType.PROBE_REPLY, wire.MsgType.FEEDBACK):
             return Verdict(XDP_DROP, R.RX_BAD_TYPE, None, moff)
         path_id = _u16(f, moff + 2)
         if path_id >= n_paths:
@@ -225,33 +233,47 @@ class RxModel:
             if not self.probe_genuine(peer, path_id, f, moff):
                 return Verdict(XDP_DROP, R.RX_BAD_NONCE, None, moff)
             return Verdict(XDP_DROP, R.RX_PROBE_REPLY, None, moff)
+        if mtype == wire.MsgType.FEEDBACK:          # evidence only, consumed
+            return Verdict(XDP_DROP, R.RX_FEEDBACK, None, moff)
         ioff = moff + MRC_HDR
-        if ioff + 20 > n or f[ioff] >> 4 != 4 or f[ioff] & 0x0F < 5:
-            return Verdict(XDP_DROP, R.RX_BAD_INNER, None, moff)
+        # The inner packet: IPv6 by its version nibble 6, else IPv4.
+        v6 = ioff < n and f[ioff] >> 4 == 6
+        if v6:
+            if ioff + 40 > n:
+                return Verdict(XDP_DROP, R.RX_BAD_INNER, None, moff)
+            isrc, idst = f[ioff + 8:ioff + 24], f[ioff + 24:ioff + 40]
+        else:
+            if ioff + 20 > n or f[ioff] >> 4 != 4 or f[ioff] & 0x0F < 5:
+                return Verdict(XDP_DROP, R.RX_BAD_INNER, None, moff)
+            isrc, idst = f[ioff + 12:ioff + 16], f[ioff + 16:ioff + 20]
         # Bound to the peer: its own inner source, our inner destination.
-        if self.owner(f[ioff + 12:ioff + 16]) != peer:
+        if self.owner(isrc) != peer:
             return Verdict(XDP_DROP, R.RX_INNER_SRC, None, moff)
-        if self.owner(f[ioff + 16:ioff + 20]) != wire.MRC_OWNER_LOCAL:
+        if self.owner(idst) != wire.MRC_OWNER_LOCAL:
             return Verdict(XDP_DROP, R.RX_INNER_DST, None, moff)
         # ECN, RFC 6040: CE outside a not-ECT inner packet is dropped; CE,
-        # or ECT(1) over ECT(0), is merged into the inner header (checksum
-        # updated incrementally, as the program does).
+        # or ECT(1) over ECT(0), is merged into the inner header (IPv4:
+        # checksum updated incrementally, as the program does; IPv6: bits
+        # 4-5 of its second byte, no checksum).
         outer = (f[15] if family == 4 else f[15] >> 4) & 3
         inner = bytearray(f[ioff:])
-        ecn = inner[1] & 3
+        ecn = (inner[1] >> 4) & 3 if v6 else inner[1] & 3
         if outer == 3 and ecn == 0:
             return Verdict(XDP_DROP, R.RX_ECN_NOT_ECT, None, moff)
         new = 3 if outer == 3 else (1 if outer == 1 and ecn == 2 else ecn)
-        if new != ecn:
+        if new != ecn and v6:
+            inner[1] = (inner[1] & 0xCF) | new << 4
+        elif new != ecn:
             old = _u16(inner, 0)
             inner[1] = (inner[1] & 0xFC) | new
             s = (~_u16(inner, 10) & 0xFFFF) + (~old & 0xFFFF) + _u16(inner, 0)
             s = (s & 0xFFFF) + (s >> 16)
             s = (s & 0xFFFF) + (s >> 16)
             inner[10:12] = struct.pack("!H", ~s & 0xFFFF)
-        # Decapsulated: the outer MACs, ethertype IPv4, then everything
-        # after the MRC header (Ethernet padding included).
-        return Verdict(XDP_PASS, None, f[0:12] + b"\x08\x00" + bytes(inner), moff)
+        # Decapsulated: the outer MACs, the inner family's ethertype, then
+        # everything after the MRC header (Ethernet padding included).
+        et = b"\x86\xdd" if v6 else b"\x08\x00"
+        return Verdict(XDP_PASS, None, f[0:12] + et + bytes(inner), moff)
 
     def _icmp(self, f: bytes, family: int, off: int, ingress: int, port: int) -> Verdict:
         """An ICMP error on a plane (docs/hostile-input.md, "ICMP too big"):
@@ -286,7 +308,7 @@ class RxModel:
         if m + MRC_HDR > n or f[m] != wire.MRC_VERSION << 4 | wire.MsgType.DATA:
             return bad
         peer, plane = self.rx_peers.get((ingress, family, daddr.ljust(16, b"\0")), (None, None))
-        if peer is None or peer >= wire.MRC_MAX_PEERS:
+        if peer is None or peer >= wire.MRC_DEFAULT_PEERS:
             return bad
         pid = _u16(f, m + 2)
         if pid >= self.n_paths.get(peer, 0):
@@ -321,18 +343,21 @@ def data_psn_index(f: bytes, moff: int) -> int:
     """Segment index i the receiver adds to the header's PSN for this DATA
     frame, when the unit has several segments and i < segs (else 0): with
     MRC_F_IPID, inner IPv4 ID - seq0 mod 2^16; otherwise (inner TCP seq -
-    seq0) / seg_size when the inner packet is TCP with its sequence number
-    present."""
+    seq0) / seg_size when the inner packet (IPv4 or IPv6) is TCP with its
+    sequence number present; an inner IPv6 packet has no ID: 0."""
     segs, seg_size = _u16(f, moff + 12), _u16(f, moff + 14)
     ioff = moff + MRC_HDR
     if segs <= 1:
         return 0
+    v6 = f[ioff] >> 4 == 6
     if f[moff + 1] & wire.MRC_F_IPID:
+        if v6:
+            return 0
         i = (_u16(f, ioff + 4) - _u32(f, moff + 16)) & 0xFFFF
         return i if i < segs else 0
-    if seg_size == 0 or f[ioff + 9] != IPPROTO_TCP:
+    if seg_size == 0 or f[ioff + (6 if v6 else 9)] != IPPROTO_TCP:
         return 0
-    toff = ioff + (f[ioff] & 0x0F) * 4
+    toff = ioff + (40 if v6 else (f[ioff] & 0x0F) * 4)
     if toff + 8 > len(f):
         return 0
     i = ((_u32(f, toff + 4) - _u32(f, moff + 16)) & 0xFFFFFFFF) // seg_size
@@ -350,12 +375,24 @@ def with_wire_psn(f: bytes, moff: int, psn: int) -> bytes:
 
 @dataclass
 class TxModel:
-    """The transmit side: overlay IPv4 destination -> (peer, family of the path
-    its slot table picks first). Every configured peer has a usable path."""
-    peers: dict = field(default_factory=dict)      # 4-byte daddr -> outer family
+    """The transmit side: overlay destination (IPv4 or IPv6) -> (peer, family
+    of the path its slot table picks first). Every configured peer has a
+    usable path."""
+    peers: dict = field(default_factory=dict)      # 4- or 16-byte daddr -> outer family
+
+    prefixes: dict = field(default_factory=dict)   # network -> outer family (longest prefix wins)
 
     def add_peer(self, overlay: str, family: int) -> None:
-        self.peers[wire.ipv4_key(overlay)] = family
+        self.peers[ipaddress.ip_address(overlay).packed] = family
+
+    def add_prefix(self, prefix: str, family: int) -> None:
+        """A prefix behind the peer (mrc_peer_ip, by longest prefix)."""
+        self.prefixes[ipaddress.ip_network(prefix)] = family
+
+    def peer_of(self, daddr: bytes) -> int | None:
+        if bytes(daddr) in self.peers:
+            return self.peers[bytes(daddr)]
+        return longest_prefix(self.prefixes, daddr)
 
     @staticmethod
     def test_run_refuses(f: bytes) -> bool:
@@ -365,12 +402,17 @@ class TxModel:
         n = len(f)
         if n >= ETH_HLEN and _u16(f, 12) in (ETH_P_8021Q, ETH_P_8021AD):
             return Verdict(TC_ACT_SHOT, R.TX_VLAN)     # its tag would be lost
+        if n >= ETH_HLEN + 40 and _u16(f, 12) == ETH_P_IPV6 and f[14] >> 4 == 6:
+            fam = self.peer_of(f[38:54])
+            if fam is None:
+                return Verdict(TC_ACT_SHOT, R.TX_NO_PEER)
+            return Verdict(TC_ACT_REDIRECT, family=fam)
         if n < ETH_HLEN + 20 or _u16(f, 12) != ETH_P_IP:
             return Verdict(TC_ACT_SHOT, R.TX_NOT_IPV4)
         ver, ihl = f[14] >> 4, f[14] & 0x0F
         if ver != 4 or ihl < 5 or ETH_HLEN + ihl * 4 > n:
             return Verdict(TC_ACT_SHOT, R.TX_NOT_IPV4)
-        fam = self.peers.get(f[30:34])
+        fam = self.peer_of(f[30:34])
         if fam is None:
             return Verdict(TC_ACT_SHOT, R.TX_NO_PEER)
         return Verdict(TC_ACT_REDIRECT, family=fam)

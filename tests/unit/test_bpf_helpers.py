@@ -164,10 +164,10 @@ PATH_CASES = [
 def test_path_usable(helper, desc, entry, state, want):
     t = helper("path")
     pid = 5
-    t.map("mrc_paths").update(wire.path_key(0, pid), entry)
+    t.map("mrc_paths").update(wire.DEFAULT_SIZING.path_key(0, pid), entry)
     denied = state == wire.PathState.DENIED    # DENIED lives in mrc_admin, never in mrc_live
-    t.map("mrc_admin").update(wire.path_key(0, pid), wire.u32(state if denied else wire.PathState.GOOD))
-    t.map("mrc_live").update(wire.path_key(0, pid),
+    t.map("mrc_admin").update(wire.DEFAULT_SIZING.path_key(0, pid), wire.u32(state if denied else wire.PathState.GOOD))
+    t.map("mrc_live").update(wire.DEFAULT_SIZING.path_key(0, pid),
                              wire.PathLive(state=wire.PathState.GOOD if denied else state).pack())
     ret, _, _ = t.prog("test_path").test_run(struct.pack("=I", pid) + bytes(60))
     assert ret == want, desc
@@ -263,7 +263,7 @@ def encapsulated(which: int) -> bytes:
 def enc(helper):
     t = helper("encap")
     for i, p in enumerate(ENC_PATHS):
-        t.map("mrc_paths").update(wire.path_key(0, i), p.pack())
+        t.map("mrc_paths").update(wire.DEFAULT_SIZING.path_key(0, i), p.pack())
     t.map("mrc_peer_seq").update(wire.u32(0), wire.PeerSeq(psn=PSN0).pack())
     return t
 

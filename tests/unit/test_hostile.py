@@ -291,14 +291,31 @@ def test_lengths_that_lie(hd, family):
     rx(hd, patched(ulen_off, 0), XDP_DROP, R.RX_TRUNCATED)
 
 
-def test_inner_packet_cut_or_not_ipv4(hd):
+def test_inner_packet_cut_or_not_ip(hd):
     rx(hd, frame(inner=b"", **fresh()), XDP_DROP, R.RX_BAD_INNER)
     rx(hd, frame(inner=inner_tcp()[:19], **fresh()), XDP_DROP, R.RX_BAD_INNER)
-    rx(hd, frame(inner=pkt.ipv6("fd99::2", "fd99::1", 17, pkt.udp(1, 2, b"x" * 30)), **fresh()),
-       XDP_DROP, R.RX_BAD_INNER)
+    v6 = pkt.ipv6("fd99::2", "fd99::1", 17, pkt.udp(1, 2, b"x" * 30))
+    rx(hd, frame(inner=v6[:39], **fresh()), XDP_DROP, R.RX_BAD_INNER)     # IPv6 cut short
+    for nibble in (0x00, 0x50, 0x70, 0xF0):                                   # neither family
+        rx(hd, frame(inner=bytes([nibble | (v6[0] & 0x0F)]) + v6[1:], **fresh()), XDP_DROP, R.RX_BAD_INNER)
     bad_ihl = bytearray(inner_tcp())
     bad_ihl[0] = 0x44
     rx(hd, frame(inner=bytes(bad_ihl), **fresh()), XDP_DROP, R.RX_BAD_INNER)
+
+
+def test_inner_ipv6_bound_to_the_peer(hd):
+    """Inner IPv6 is delivered only from an address or prefix the sending
+    peer owns (mrc_ovl_owner, family-tagged) to one served here; an IPv4
+    prefix never covers an IPv6 address (::ffff:a.b.c.d, ::a.b.c.d)."""
+    def v6(src, dst):
+        return pkt.ipv6(src, dst, pkt.IPPROTO_TCP, pkt.tcp(5201, 40001, 7, b"q" * 60))
+    out = rx(hd, frame(inner=v6("fd99::2", "fd99::1"), **fresh()), XDP_PASS, None)
+    assert out[12:14] == b"\x86\xdd" and out[14:] == v6("fd99::2", "fd99::1")
+    rx(hd, frame(6, inner=v6("fd77::42", "fd99::1"), **fresh()), XDP_PASS, None)   # the peer's prefix
+    for src in ("fd99::77", "fd78::1", "::ffff:10.99.0.2", "::10.99.0.2", "fd99::1"):
+        rx(hd, frame(inner=v6(src, "fd99::1"), **fresh()), XDP_DROP, R.RX_INNER_SRC)
+    for dst in ("fd99::2", "fd99::77", "::ffff:10.99.0.1", "ff02::1"):
+        rx(hd, frame(inner=v6("fd99::2", dst), **fresh()), XDP_DROP, R.RX_INNER_DST)
 
 
 @pytest.mark.parametrize("family", [4, 6])
@@ -319,8 +336,12 @@ def test_wrong_version(hd, version):
 
 
 def test_unknown_type_and_path(hd):
-    for t in (3, 7, 15):
+    for t in (4, 7, 15):
         rx(hd, frame(type=t, **fresh()), XDP_DROP, R.RX_BAD_TYPE)
+    # a feedback frame is consumed, never delivered, whatever it carries
+    rx(hd, frame(type=wire.MsgType.FEEDBACK, **fresh()), XDP_DROP, R.RX_FEEDBACK)
+    rx(hd, frame(type=wire.MsgType.FEEDBACK, flags=wire.MRC_F_FEEDBACK, fb_path=0xFFFF,
+                 fb_ts=now_us(), **fresh()), XDP_DROP, R.RX_FEEDBACK)
     for p in (len(PATHS), 255, 256, 0xFFFF):
         rx(hd, frame(path_id=p, **fresh()), XDP_DROP, R.RX_UNKNOWN_PATH)
 
@@ -450,8 +471,17 @@ def test_tx_refuses_what_it_cannot_carry(hd):
     tx(hd, overlay(), TC_ACT_REDIRECT, None)
     tx(hd, overlay("10.99.0.77"), TC_ACT_SHOT, R.TX_NO_PEER)
     tx(hd, overlay("255.255.255.255"), TC_ACT_SHOT, R.TX_NO_PEER)
-    tx(hd, overlay(ethertype=pkt.ETH_P_IPV6, body=pkt.ipv6("fd31::1", "fd31::2", 17, pkt.udp(1, 2, b"x" * 8))),
-       TC_ACT_SHOT, R.TX_NOT_IPV4)
+    # inner IPv6: the peer's address and a prefix behind it go, others have no peer
+    tx(hd, overlay(ethertype=pkt.ETH_P_IPV6, body=pkt.ipv6("fd99::1", "fd99::2", 17, pkt.udp(1, 2, b"x" * 8))),
+       TC_ACT_REDIRECT, None)
+    tx(hd, overlay(ethertype=pkt.ETH_P_IPV6, body=pkt.ipv6("fd99::1", "fd77::9", 17, pkt.udp(1, 2, b"x" * 8))),
+       TC_ACT_REDIRECT, None)
+    for dst in ("fd31::2", "ff02::1", "::ffff:10.99.0.2"):
+        tx(hd, overlay(ethertype=pkt.ETH_P_IPV6, body=pkt.ipv6("fd99::1", dst, 17, pkt.udp(1, 2, b"x" * 8))),
+           TC_ACT_SHOT, R.TX_NO_PEER)
+    bad6 = bytearray(pkt.ipv6("fd99::1", "fd99::2", 17, pkt.udp(1, 2, b"x" * 8)))
+    bad6[0] = 0x45                                            # IPv4's nibble under ethertype IPv6
+    tx(hd, overlay(ethertype=pkt.ETH_P_IPV6, body=bytes(bad6)), TC_ACT_SHOT, R.TX_NOT_IPV4)
     tx(hd, pkt.eth("ff:ff:ff:ff:ff:ff", OVL_SMAC, pkt.ETH_P_ARP) + bytes(28), TC_ACT_SHOT, R.TX_NOT_IPV4)
     tx(hd, pkt.vlan(OVL_DMAC, OVL_SMAC, 5, pkt.ETH_P_IP) + overlay()[14:], TC_ACT_SHOT, R.TX_VLAN)
     bad = bytearray(overlay())

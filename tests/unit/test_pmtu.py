@@ -50,12 +50,14 @@ def icmp6(quote: bytes, mtu: int, typ: int = 2) -> bytes:
 
 
 def path_mtu(dp, path: int) -> wire.PathMtu:
-    return wire.PathMtu.unpack(dp.maps["mrc_path_mtu"].lookup(wire.path_key(PEER, path)))
+    return wire.PathMtu.unpack(dp.maps["mrc_path_mtu"].lookup(wire.DEFAULT_SIZING.path_key(PEER, path)))
 
 
 def set_mtu(dp, path: int, mtu: int, age_s: float = 0.0):
-    ns = time.monotonic_ns() - int(age_s * 1e9)
-    dp.maps["mrc_path_mtu"].update(wire.path_key(PEER, path),
+    # modulo 2^64: on a machine up for less than age_s the record's time is
+    # "before boot", which the datapath's unsigned now - ns ages the same way
+    ns = (time.monotonic_ns() - int(age_s * 1e9)) % (1 << 64)
+    dp.maps["mrc_path_mtu"].update(wire.DEFAULT_SIZING.path_key(PEER, path),
                                    wire.PathMtu(mtu=mtu, icmps=1, ns=ns).pack())
 
 

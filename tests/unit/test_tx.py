@@ -214,15 +214,31 @@ def test_no_usable_path_drops(dp):
     only_drop(before, dp.drops(), wire.Reason.TX_NO_PATH)
 
 
-def test_not_ipv4_dropped(dp):
+def test_not_ip_dropped(dp):
     arp = pkt.eth("ff:ff:ff:ff:ff:ff", OVL_SMAC, pkt.ETH_P_ARP) + bytes(28)
-    v6 = pkt.eth(OVL_DMAC, OVL_SMAC, pkt.ETH_P_IPV6) + pkt.ipv6(
-        "fe80::1", "ff02::2", pkt.IPPROTO_ICMPV6, bytes(8))
-    for frame in (arp, v6):
+    # ethertype IPv6, version nibble 5 (test_run refuses a runt IPv6 frame)
+    v6_bad = pkt.eth(OVL_DMAC, OVL_SMAC, pkt.ETH_P_IPV6) + b"\x55" + pkt.ipv6(
+        "fd99::1", "fd99::2", pkt.IPPROTO_UDP, bytes(8))[1:]
+    for frame in (arp, v6_bad):
         before = dp.drops()
         ret, _ = dp.run_tx(frame)
         assert ret == TC_ACT_SHOT
         only_drop(before, dp.drops(), wire.Reason.TX_NOT_IPV4)
+
+
+def test_neighbour_discovery_never_leaves(dp):
+    """IPv6 ND, router solicitations and MLD on the overlay (sent to
+    multicast or link-local addresses, owned by no peer) are dropped as
+    tx_no_peer: nothing of the overlay's own link protocol is sprayed."""
+    for dst, body in (("ff02::1:ff00:2", bytes([135, 0, 0, 0]) + bytes(20)),     # neighbour solicitation
+                      ("ff02::2", bytes([133, 0, 0, 0]) + bytes(4)),             # router solicitation
+                      ("ff02::16", bytes([143, 0, 0, 0]) + bytes(24)),           # MLDv2 report
+                      ("fe80::2", bytes([128, 0, 0, 0]) + bytes(4))):            # link-local echo
+        frame = pkt.eth(OVL_DMAC, OVL_SMAC, pkt.ETH_P_IPV6) + pkt.ipv6("fd99::1", dst, pkt.IPPROTO_ICMPV6, body)
+        before = dp.drops()
+        ret, _ = dp.run_tx(frame)
+        assert ret == TC_ACT_SHOT, dst
+        only_drop(before, dp.drops(), wire.Reason.TX_NO_PEER)
 
 
 def test_unknown_destination_dropped(dp):

@@ -3,6 +3,7 @@ offset and field size, checked by compiling a C program against mrc.h."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shutil
@@ -29,7 +30,6 @@ def _c_program() -> str:
             lines.append(f'printf("fsize {s.C_NAME}.{name} %zu\\n", sizeof((({c} *)0)->{name}));')
     for name in wire.c_constants():
         lines.append(f'printf("const {name} %lld\\n", (long long)({name}));')
-    lines.append('printf("idx path_idx %d\\n", MRC_PATH_IDX(3, 5));')
     lines.append("return 0; }")
     return "\n".join(lines)
 
@@ -66,7 +66,9 @@ def test_struct_layout(c_facts, s):
 def test_constants(c_facts):
     for name, val in wire.c_constants().items():
         assert c_facts[f"const {name}"] == val, name
-    assert c_facts["idx path_idx"] == wire.path_idx(3, 5)
+    # MRC_PATH_IDX (bpf/sizing.h) is peer << path_shift | path
+    assert wire.DEFAULT_SIZING.path_idx(3, 5) == 3 * wire.MRC_MAX_PATHS + 5
+    assert wire.Sizing.of(4096, 24).path_idx(4095, 23) == 4095 * 32 + 23
 
 
 def test_every_mrc_h_constant_is_mirrored():
@@ -143,7 +145,8 @@ def test_roundtrips():
         wire.PathLive(last_ack_ns=2**63, last_rx_ns=1, last_rx_ts=2, state=1, srtt_us=3,
                       rtt_us=4),
         wire.PeerSeq(psn=1, cursor=2, fb_cursor=3, rx_psn_max=4),
-        wire.PathStats(*range(8)),
+        wire.PathStats(*range(4)),
+        wire.PathCnt(*range(7)),
         wire.RxKey(ifindex=3, family=6, addr="fe80::1"),
         wire.RxKey(ifindex=3, family=4, addr="192.0.2.7"),
         wire.RxPeer(peer=5, plane=2),
@@ -187,9 +190,9 @@ def test_build_slot_table():
 
 def test_percpu_sum():
     a = wire.PathStats(tx_packets=1, rx_bytes=10).pack()
-    b = wire.PathStats(tx_packets=2, rx_ooo=1).pack()
+    b = wire.PathStats(tx_packets=2, rx_packets=1).pack()
     s = wire.PathStats.sum([a, b])
-    assert (s.tx_packets, s.rx_bytes, s.rx_ooo) == (3, 10, 1)
+    assert (s.tx_packets, s.rx_bytes, s.rx_packets) == (3, 10, 1)
     assert wire.sum_percpu_u64([wire.u64(3), wire.u64(4)]) == 7
 
 
@@ -197,21 +200,22 @@ def test_percpu_sum():
 
 MAP_LAYOUT = {
     "mrc_cfg": (libbpf.BPF_MAP_TYPE_ARRAY, 4, wire.Config, 1),
-    "mrc_peers": (libbpf.BPF_MAP_TYPE_ARRAY, 4, wire.Peer, wire.MRC_MAX_PEERS),
-    "mrc_slots": (libbpf.BPF_MAP_TYPE_ARRAY, 4, wire.Slots, wire.MRC_MAX_PEERS * 2),
-    "mrc_paths": (libbpf.BPF_MAP_TYPE_ARRAY, 4, wire.Path, wire.MRC_PATH_ENTRIES),
-    "mrc_live": (libbpf.BPF_MAP_TYPE_ARRAY, 4, wire.PathLive, wire.MRC_PATH_ENTRIES),
-    "mrc_peer_seq": (libbpf.BPF_MAP_TYPE_ARRAY, 4, wire.PeerSeq, wire.MRC_MAX_PEERS),
+    "mrc_peers": (libbpf.BPF_MAP_TYPE_ARRAY, 4, wire.Peer, wire.MRC_DEFAULT_PEERS),
+    "mrc_slots": (libbpf.BPF_MAP_TYPE_ARRAY, 4, wire.Slots, wire.MRC_DEFAULT_PEERS * 2),
+    "mrc_paths": (libbpf.BPF_MAP_TYPE_ARRAY, 4, wire.Path, wire.DEFAULT_SIZING.path_entries),
+    "mrc_live": (libbpf.BPF_MAP_TYPE_ARRAY, 4, wire.PathLive, wire.DEFAULT_SIZING.path_entries),
+    "mrc_peer_seq": (libbpf.BPF_MAP_TYPE_ARRAY, 4, wire.PeerSeq, wire.MRC_DEFAULT_PEERS),
     "mrc_path_stats": (libbpf.BPF_MAP_TYPE_PERCPU_ARRAY, 4, wire.PathStats,
-                       wire.MRC_PATH_ENTRIES),
+                       wire.DEFAULT_SIZING.path_entries),
     "mrc_drops": (libbpf.BPF_MAP_TYPE_PERCPU_ARRAY, 4, 8, wire.MRC_R_MAX),
-    "mrc_peer_ip": (libbpf.BPF_MAP_TYPE_HASH, 4, 4, wire.MRC_MAX_PEERS),
+    "mrc_peer_ip": (libbpf.BPF_MAP_TYPE_LPM_TRIE, wire.OvlKey.size(), 4, wire.MRC_DEFAULT_PEERS * wire.MRC_OVL_PER_PEER),
     "mrc_rx_peers": (libbpf.BPF_MAP_TYPE_HASH, wire.RxKey.size(), wire.RxPeer,
-                     wire.MRC_MAX_PEERS * wire.MRC_MAX_PLANES),
+                     wire.MRC_DEFAULT_PEERS * wire.MRC_MAX_PLANES),
     "mrc_events": (libbpf.BPF_MAP_TYPE_RINGBUF, 0, 0, 256 * 1024),
-    "mrc_ovl_owner": (libbpf.BPF_MAP_TYPE_LPM_TRIE, wire.OvlKey.size(), 4, wire.MRC_MAX_PEERS * 16 + 16),
-    "mrc_probe_nonce": (libbpf.BPF_MAP_TYPE_ARRAY, 4, wire.ProbeNonce, wire.MRC_PATH_ENTRIES),
-    "mrc_probe_rl": (libbpf.BPF_MAP_TYPE_ARRAY, 4, 8, wire.MRC_MAX_PEERS * wire.MRC_MAX_PLANES),
+    "mrc_ovl_owner": (libbpf.BPF_MAP_TYPE_LPM_TRIE, wire.OvlKey.size(), 4,
+                      (wire.MRC_DEFAULT_PEERS + 1) * wire.MRC_OVL_PER_PEER),
+    "mrc_probe_nonce": (libbpf.BPF_MAP_TYPE_HASH, 4, wire.ProbeNonce, wire.DEFAULT_SIZING.path_entries),
+    "mrc_probe_rl": (libbpf.BPF_MAP_TYPE_ARRAY, 4, 8, wire.MRC_DEFAULT_PEERS * wire.MRC_MAX_PLANES),
 }
 
 
@@ -221,3 +225,22 @@ def test_map_layouts(dp):
         vsize = val if isinstance(val, int) else val.size()
         assert (m.map_type, m.key_size, m.value_size, m.max_entries) == (
             mtype, ksize, vsize, maxe), name
+
+
+def test_the_loaders_sizes_are_the_compiled_ones_at_the_default(dp):
+    """objects.map_entries (what the loader sizes maps to) agrees with the
+    sizes bpf/*.h compile in, at the default sizing: the one formula."""
+    from mrcctl.datapath.objects import map_entries
+    want = map_entries(wire.DEFAULT_SIZING)
+    assert set(want) <= set(dp.maps)
+    for name, n in want.items():
+        assert dp.maps[name].max_entries == n, name
+
+
+def test_path_counters_are_the_two_structs_in_order():
+    names = [f.name for f in dataclasses.fields(wire.PathCounters)]
+    assert names == [n for n, _ in wire.PathStats.LAYOUT] + [n for n, _ in wire.PathCnt.LAYOUT]
+    hot = [wire.PathStats(tx_packets=1, rx_bytes=7).pack(), wire.PathStats(tx_packets=2).pack()]
+    c = wire.PathCounters.of(hot, wire.PathCnt(rx_ooo=5, rx_ce=9).pack())
+    assert (c.tx_packets, c.rx_bytes, c.rx_ooo, c.rx_ce, c.rx_dup) == (3, 7, 5, 9, 0)
+    assert wire.PathCounters.of([], None) == wire.PathCounters()

@@ -44,6 +44,8 @@ SKB_CTX_SIZE, SKB_IFINDEX, SKB_GSO_SEGS = 192, 40, 164   # struct __sk_buff
 PEER = 2                        # not 0, to catch indexing mistakes
 LOCAL_OVERLAY = "10.99.0.1"
 PEER_OVERLAY = "10.99.0.2"
+LOCAL_OVERLAY6 = "fd99::1"
+PEER_OVERLAY6 = "fd99::2"
 OVL_SMAC = "02:00:00:00:00:aa"  # mrc0's MAC and the peer's overlay MAC
 OVL_DMAC = "02:00:00:00:00:bb"
 OUR_MAC = "02:00:00:00:01:01"   # our plane-0 MAC (outer destination of what the peer sends)
@@ -81,10 +83,11 @@ class Datapath:
     """tx + rx loaded by the product's loader (shared maps), with helpers to
     fill and read maps. pin_root is a bpffs dir for tests that pin."""
 
-    def __init__(self, pin_root: Path):
+    def __init__(self, pin_root: Path, sizing: wire.Sizing | None = None):
         from mrcctl.datapath.objects import load_objects
         self.pin_root = pin_root
-        self.loaded = load_objects()
+        self.sizing = sizing or wire.DEFAULT_SIZING
+        self.loaded = load_objects(None, self.sizing)
         self.tx, self.rx, self.maps = self.loaded.tx, self.loaded.rx, self.loaded.maps
         self.rx_tc = self.loaded.rx_tc
         self.rx_hook = "xdp"
@@ -101,15 +104,15 @@ class Datapath:
 
     def set_paths(self, paths, peer: int = PEER):
         for i, p in enumerate(paths):
-            self.maps["mrc_paths"].update(wire.path_key(peer, i), p.pack())
-            self.maps["mrc_admin"].update(wire.path_key(peer, i), wire.u32(p.admin))
+            self.maps["mrc_paths"].update(self.sizing.path_key(peer, i), p.pack())
+            self.maps["mrc_admin"].update(self.sizing.path_key(peer, i), wire.u32(p.admin))
 
     def set_slots(self, table, which: int = 0, peer: int = PEER):
         self.maps["mrc_slots"].update(wire.u32(wire.slots_idx(peer, which)),
                                       wire.Slots.of(table).pack())
 
     def set_live(self, path: int, peer: int = PEER, **kw):
-        self.maps["mrc_live"].update(wire.path_key(peer, path),
+        self.maps["mrc_live"].update(self.sizing.path_key(peer, path),
                                      wire.PathLive(**kw).pack())
 
     def set_seq(self, peer: int = PEER, **kw):
@@ -120,12 +123,16 @@ class Datapath:
         key = wire.RxKey(ifindex=ifindex, family=wire.family_of(addr), addr=addr).pack()
         self.maps["mrc_rx_peers"].update(key, wire.RxPeer(peer=peer, plane=plane).pack())
 
+    def set_route(self, prefix: str, peer: int = PEER):
+        """mrc_peer_ip: inner destination prefix (or address) -> the peer
+        mrc_tx sends it to."""
+        self.maps["mrc_peer_ip"].update(wire.OvlKey.of(prefix).pack(), wire.u32(peer))
+
     def set_owner(self, prefix: str, owner: int):
         """mrc_ovl_owner: overlay prefix (or address) -> peer index or
-        wire.MRC_OWNER_LOCAL. A datapath without the map (before issue
-        #13.7) has no owners to set."""
-        if "mrc_ovl_owner" in self.maps:
-            self.maps["mrc_ovl_owner"].update(wire.OvlKey.of(prefix).pack(), wire.u32(owner))
+        wire.MRC_OWNER_LOCAL, either family: where mrc_tx sends an inner
+        destination and whose inner sources mrc_rx accepts."""
+        self.maps["mrc_ovl_owner"].update(wire.OvlKey.of(prefix).pack(), wire.u32(owner))
 
     def probe_sent(self, path: int, seq: int, peer: int = PEER, nonce: int | None = None) -> dict:
         """As the agent does before each probe: record probe `seq` of
@@ -134,20 +141,23 @@ class Datapath:
         nonce = nonce if nonce is not None else (int.from_bytes(os.urandom(8), "big") or 1)
         if "mrc_probe_nonce" not in self.maps:          # a datapath before issue #13.8
             return {"psn": seq, "seq0": nonce >> 32, "fb_ts": nonce & 0xFFFFFFFF}
-        key = wire.path_key(peer, path)
-        ent = wire.ProbeNonce.unpack(self.maps["mrc_probe_nonce"].lookup(key))
+        key = self.sizing.path_key(peer, path)
+        ent = wire.ProbeNonce.unpack(self.maps["mrc_probe_nonce"].lookup(key) or bytes(wire.ProbeNonce.size()))
         ent.add(seq, nonce)
         self.maps["mrc_probe_nonce"].update(key, ent.pack())
         return {"psn": seq, **wire.probe_nonce_fields(nonce)}
 
     def configure(self, paths=PATHS, slots=(0,), peer: int = PEER):
-        """One peer: overlay PEER_OVERLAY -> peer, its paths, a slot table,
+        """One peer: overlay PEER_OVERLAY (and PEER_OVERLAY6) -> peer, its paths, a slot table,
         and every path address accepted as an MRC source on lo (on the
         path's plane); PEER_OVERLAY owned by the peer, LOCAL_OVERLAY here."""
         self.set_cfg(udp_port=UDP_PORT)
-        self.maps["mrc_peer_ip"].update(wire.ipv4_key(PEER_OVERLAY), wire.u32(peer))
+        self.set_route(PEER_OVERLAY, peer)
+        self.set_route(PEER_OVERLAY6, peer)
         self.set_owner(PEER_OVERLAY, peer)
-        self.set_owner(LOCAL_OVERLAY, getattr(wire, "MRC_OWNER_LOCAL", 0xFFFFFFFF))
+        self.set_owner(LOCAL_OVERLAY, wire.MRC_OWNER_LOCAL)
+        self.set_owner(PEER_OVERLAY6, peer)
+        self.set_owner(LOCAL_OVERLAY6, wire.MRC_OWNER_LOCAL)
         self.set_peer(peer, n_paths=len(paths), overlay=PEER_OVERLAY)
         self.set_paths(paths, peer)
         self.set_slots(list(slots), 0, peer)
@@ -157,14 +167,15 @@ class Datapath:
 
     # --- reading state
     def live(self, path: int, peer: int = PEER) -> wire.PathLive:
-        return wire.PathLive.unpack(self.maps["mrc_live"].lookup(wire.path_key(peer, path)))
+        return wire.PathLive.unpack(self.maps["mrc_live"].lookup(self.sizing.path_key(peer, path)))
 
     def seq(self, peer: int = PEER) -> wire.PeerSeq:
         return wire.PeerSeq.unpack(self.maps["mrc_peer_seq"].lookup(wire.u32(peer)))
 
-    def stats(self, path: int, peer: int = PEER) -> wire.PathStats:
-        return wire.PathStats.sum(
-            self.maps["mrc_path_stats"].lookup_percpu(wire.path_key(peer, path)))
+    def stats(self, path: int, peer: int = PEER) -> wire.PathCounters:
+        key = self.sizing.path_key(peer, path)
+        return wire.PathCounters.of(self.maps["mrc_path_stats"].lookup_percpu(key),
+                                    self.maps["mrc_path_cnt"].lookup(key))
 
     def drops(self) -> dict:
         m = self.maps["mrc_drops"]

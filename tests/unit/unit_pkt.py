@@ -8,8 +8,8 @@ from __future__ import annotations
 import socket
 import struct
 
-from unit_dp import (LOCAL_OVERLAY, OUR_MAC, OVL_DMAC, OVL_SMAC, PATHS, PEER_MAC, PEER_OVERLAY,
-                     UDP_PORT)
+from unit_dp import (LOCAL_OVERLAY, LOCAL_OVERLAY6, OUR_MAC, OVL_DMAC, OVL_SMAC, PATHS, PEER_MAC,
+                     PEER_OVERLAY, PEER_OVERLAY6, UDP_PORT)
 from mrcctl.datapath import abi as wire
 
 ETH_P_IP = 0x0800
@@ -77,6 +77,22 @@ def overlay(body: bytes, proto: int = IPPROTO_UDP, *, dst: str = PEER_OVERLAY,
         return eth(OVL_DMAC, OVL_SMAC, ethertype) + body
     return eth(OVL_DMAC, OVL_SMAC, ETH_P_IP) + ipv4(LOCAL_OVERLAY, dst, proto, body, tos=tos,
                                                      ident=ident)
+
+
+def overlay6(body: bytes, proto: int = IPPROTO_UDP, *, dst: str = PEER_OVERLAY6, tc: int = 0,
+             src: str = LOCAL_OVERLAY6) -> bytes:
+    """An inner IPv6 overlay frame from us (mrc0) to the peer, as mrc_tx sees it."""
+    return eth(OVL_DMAC, OVL_SMAC, ETH_P_IPV6) + ipv6(src, dst, proto, body, tc=tc)
+
+
+def inner_ip6(payload_len: int = 100, proto: int = IPPROTO_UDP, seq: int = 0,
+              src: str = PEER_OVERLAY6, dst: str = LOCAL_OVERLAY6) -> bytes:
+    """An overlay IPv6 packet from the peer to us (what mrc_rx delivers)."""
+    if proto == IPPROTO_TCP:
+        body = tcp(5201, 40001, seq, b"y" * payload_len)
+    else:
+        body = udp(5201, 40000, bytes(range(256))[:payload_len])
+    return ipv6(src, dst, proto, body)
 
 
 def inner_ip(payload_len: int = 100, proto: int = IPPROTO_UDP, seq: int = 0) -> bytes:

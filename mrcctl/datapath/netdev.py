@@ -1,0 +1,145 @@
+"""How the agent's probes leave: many frames per system call.
+
+* xdp_features: what a device's driver can do with XDP frames, from the
+  kernel's netdev generic-netlink family (kernel >= 6.3): one dump gives
+  every device of the namespace with its xdp-features bits. The probe
+  generator needs NETDEV_XDP_ACT_NDO_XMIT on a plane: a frame redirected
+  to a device without it is dropped, and nothing tells the sender (a veth
+  advertises it only while its peer has an XDP program or GRO on).
+* send_frames: sendmmsg(2) on an AF_PACKET socket, the default sender.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import socket
+import struct
+
+NETLINK_GENERIC = 16
+GENL_ID_CTRL = 0x10
+CTRL_CMD_GETFAMILY = 3
+CTRL_ATTR_FAMILY_ID, CTRL_ATTR_FAMILY_NAME = 1, 2
+NETDEV_CMD_DEV_GET = 1
+NETDEV_A_DEV_IFINDEX, NETDEV_A_DEV_XDP_FEATURES = 1, 3
+NETDEV_XDP_ACT_NDO_XMIT = 1 << 2
+_NLMSG_ERROR, _NLMSG_DONE = 2, 3
+_F_REQUEST, _F_DUMP = 0x1, 0x300
+_HDR = struct.Struct("=IHHII")
+_GENL = struct.Struct("=BBH")
+_ATTR = struct.Struct("=HH")
+
+
+def _attrs(buf: bytes, off: int, end: int) -> dict[int, bytes]:
+    out = {}
+    while off + 4 <= end:
+        ln, typ = _ATTR.unpack_from(buf, off)
+        if ln < 4:
+            break
+        out[typ & 0x3FFF] = buf[off + 4:off + ln]
+        off += (ln + 3) & ~3
+    return out
+
+
+def _request(s: socket.socket, typ: int, flags: int, cmd: int, attrs: bytes = b"") -> list[dict[int, bytes]]:
+    """Send one generic-netlink request, return the attributes of every
+    answer (a dump's parts until NLMSG_DONE); OSError on an error answer."""
+    body = _GENL.pack(cmd, 1, 0) + attrs
+    s.send(_HDR.pack(_HDR.size + len(body), typ, flags, 1, 0) + body)
+    out = []
+    while True:
+        buf = s.recv(1 << 16)
+        off = 0
+        while off + _HDR.size <= len(buf):
+            ln, mtype, _fl, _seq, _pid = _HDR.unpack_from(buf, off)
+            if ln < _HDR.size:
+                return out
+            if mtype == _NLMSG_DONE:
+                return out
+            if mtype == _NLMSG_ERROR:
+                err = struct.unpack_from("=i", buf, off + _HDR.size)[0]
+                if err:
+                    raise OSError(-err, "netlink")
+                return out
+            out.append(_attrs(buf, off + _HDR.size + _GENL.size, off + ln))
+            off += (ln + 3) & ~3
+        if not flags & _F_DUMP and out:
+            return out
+
+
+def _nla(typ: int, payload: bytes) -> bytes:
+    raw = _ATTR.pack(4 + len(payload), typ) + payload
+    return raw + bytes(-len(raw) % 4)
+
+
+def xdp_features() -> dict[int, int] | None:
+    """ifindex -> NETDEV_XDP_ACT_* bits of every device in this network
+    namespace, or None where the kernel has no netdev family."""
+    try:
+        with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_GENERIC) as s:
+            s.bind((0, 0))
+            s.settimeout(2.0)
+            fam = _request(s, GENL_ID_CTRL, _F_REQUEST, CTRL_CMD_GETFAMILY,
+                           _nla(CTRL_ATTR_FAMILY_NAME, b"netdev\0"))
+            if not fam or CTRL_ATTR_FAMILY_ID not in fam[0]:
+                return None
+            fid = struct.unpack_from("=H", fam[0][CTRL_ATTR_FAMILY_ID])[0]
+            out = {}
+            for a in _request(s, fid, _F_REQUEST | _F_DUMP, NETDEV_CMD_DEV_GET):
+                if NETDEV_A_DEV_IFINDEX in a and NETDEV_A_DEV_XDP_FEATURES in a:
+                    out[struct.unpack_from("=I", a[NETDEV_A_DEV_IFINDEX])[0]] = \
+                        struct.unpack_from("=Q", a[NETDEV_A_DEV_XDP_FEATURES])[0]
+            return out
+    except OSError:
+        return None
+
+
+# ------------------------------------------------------------------ sendmmsg(2)
+
+class _Iov(ctypes.Structure):
+    _fields_ = [("base", ctypes.c_void_p), ("len", ctypes.c_size_t)]
+
+
+class _MsgHdr(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_void_p), ("namelen", ctypes.c_uint32), ("iov", ctypes.c_void_p),
+                ("iovlen", ctypes.c_size_t), ("control", ctypes.c_void_p), ("controllen", ctypes.c_size_t),
+                ("flags", ctypes.c_int)]
+
+
+class _MMsgHdr(ctypes.Structure):
+    _fields_ = [("hdr", _MsgHdr), ("len", ctypes.c_uint)]
+
+
+_libc = None
+
+
+def send_frames(fd: int, frames: list[bytes]) -> list[int]:
+    """Send each frame as one datagram on a connected or bound socket (an
+    AF_PACKET socket bound to a device) by sendmmsg(2): one system call
+    for many. Returns the indexes of the frames the kernel refused (queue
+    full, device down); the others were sent, as one send() each would."""
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+        _libc.sendmmsg.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_uint, ctypes.c_int]
+    n = len(frames)
+    if not n:
+        return []
+    blob = ctypes.create_string_buffer(b"".join(frames), sum(map(len, frames)))
+    base = ctypes.addressof(blob)
+    iovs = (_Iov * n)()
+    msgs = (_MMsgHdr * n)()
+    off = 0
+    for i, f in enumerate(frames):
+        iovs[i].base, iovs[i].len = base + off, len(f)
+        off += len(f)
+        msgs[i].hdr.iov = ctypes.addressof(iovs[i])
+        msgs[i].hdr.iovlen = 1
+    refused, at = [], 0
+    while at < n:
+        r = _libc.sendmmsg(fd, ctypes.byref(msgs, at * ctypes.sizeof(_MMsgHdr)), n - at, 0)
+        if r <= 0:
+            refused.append(at)     # this one failed: the next ones may go
+            at += 1
+        else:
+            at += r
+    return refused
