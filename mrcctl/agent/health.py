@@ -780,6 +780,11 @@ class Health:
             self._force_bad(dev)
         elif up and was_down:
             self.prober.down.discard(dev)
+            # While the plane was down its paths were skipped, so an idle
+            # peer left the prober's list of peers with dead paths: look
+            # again now, not at the next RESCAN_NS, or recovery of an idle
+            # peer waits up to 10 s for its first probe.
+            self.prober.rescan = True
             if not initial:
                 self._log_plane(dev, wire.EvReason.LINK_UP.label)
 

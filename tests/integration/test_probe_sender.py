@@ -84,7 +84,9 @@ def test_a_plane_comes_back_by_generated_probes(lab):
     # the way an ARP reply would, without sending anything on the plane.
     lab.tb.exec(0, ["ip", "neigh", "replace", lab.tb.addr(1, 0, 1), "lladdr", lab.tb.mac(1, 0, 1),
                     "dev", dev, "nud", "reachable"])
-    wait(lambda: all(p["state"] == "GOOD" for p in lab.paths(0)), 10, "plane 1 did not come back")
+    # back in a few probe intervals; not at the agent's 10 s rescan of
+    # idle peers (a plane coming up must make it look at once)
+    wait(lambda: all(p["state"] == "GOOD" for p in lab.paths(0)), 5, "plane 1 did not come back")
     time.sleep(1.2)                          # health.json is rewritten once a second
     a1 = agent(lab, 0)
     # back by the datapath's recovery, on replies to generated probes: h0
