@@ -40,6 +40,7 @@ from ..datapath.netdev import NETDEV_XDP_ACT_NDO_XMIT, send_frames, xdp_features
 from ..errors import MrcError
 from ..instance.events import EventLog, event_record, events_path
 from ..instance.slots import rebuild_slots
+from ..instance.topology import poke
 from . import loop as agentmod
 
 log = logging.getLogger("mrc.health")
@@ -72,6 +73,10 @@ RESCAN_NS = 10_000_000_000
 # While no peer is in use, the peers' tx PSNs are read this often (one
 # batch read of mrc_peer_seq, 0.6 ms at 1,024 peers), not every interval
 IDLE_PSN_NS = 100_000_000
+# A tracked path whose next hop has no neighbour entry (a carrier loss
+# flushed it, and nothing else resolves it for a peer that carries no
+# traffic) has its next hop asked for this often until the kernel knows it
+RESOLVE_NS = 1_000_000_000
 # The agent's own event reason: the datapath cannot see probe silence, so
 # enum mrc_ev_reason has no member for it.
 PROBE_LOSS_REASON = "probe_loss"
@@ -218,6 +223,9 @@ class Prober:
         self._psn_at = 0
         self._rescan_at = 0
         self.rescan = True        # read every path's state at the next look
+        # (plane, peer address) of tracked paths never probed for want of a
+        # next-hop MAC -> when to ask the kernel to resolve it again
+        self.unresolved: dict[tuple[str, str], int] = {}
         # 1 + the highest per-path map index of a configured path: how far
         # a read of every path's entry must reach
         self.paths_end = max((agent.dp.path_idx(p.index, 0) + len(p.paths) for p in self.cfg.peers), default=0)
@@ -261,6 +269,21 @@ class Prober:
             out: list[ProbePath] = []
             self._refresh_peer(peer, ents, pkeys, akey, {p.path: p for p in self.by_peer[idx]}, out)
             self.by_peer[idx] = out
+        self._resolve()
+
+    def _resolve(self) -> None:
+        """Ask the kernel for the next hop of every tracked path that has
+        no MAC and no frame yet (a datagram through the plane makes it run
+        ARP/ND): without this, an idle peer whose neighbour entries a
+        carrier loss flushed is never probed, so never recovers, until
+        traffic happens to resolve them."""
+        if not self.unresolved:
+            return
+        now = time.monotonic_ns()
+        for key, due in self.unresolved.items():
+            if now >= due and key[0] not in self.down:
+                poke(*key)
+                self.unresolved[key] = now + RESOLVE_NS
 
     def _gen_planes(self) -> None:
         """The planes whose driver transmits frames redirected to it
@@ -292,6 +315,7 @@ class Prober:
         self._refresh_peer(peer, ents, pkeys, akey, {}, out)
         self._seen[peer.index] = (token, akey)
         self.by_peer[peer.index] = out
+        self._resolve()
         return out
 
     def _refresh_peer(self, peer, ents, pkeys, akey, old: dict, out: list) -> None:
@@ -307,7 +331,11 @@ class Prober:
                 # the probes are what bring it back.
                 if prev is not None:
                     out.append(prev)
+                else:
+                    self.unresolved.setdefault((path.plane.device, str(path.remote)), 0)
                 continue
+            if self.unresolved:
+                self.unresolved.pop((path.plane.device, str(path.remote)), None)
             if prev is not None and (prev.ent is ent or prev.ent == ent) and prev.auth_key == akey:
                 out.append(prev)        # unchanged: no new frame
                 continue

@@ -221,7 +221,7 @@ class Netlink:
         table = self.neighbour_table()
         for key, hop in hops.items():
             if table.get(hop) is None:
-                _poke(*key)
+                poke(*key)
         return hops
 
     def resolve_neighbours(self, wanted: list[tuple[str, object]], timeout: float = 1.5,
@@ -250,7 +250,7 @@ class Netlink:
         while pending and time.monotonic() < deadline:
             if time.monotonic() >= poke_at:
                 for dev, addr in pending:
-                    _poke(dev, addr)
+                    poke(dev, addr)
                 poke_at = time.monotonic() + 0.5
             time.sleep(0.02)
             look(pending)
@@ -396,7 +396,7 @@ def auto_rx_hook(device: str) -> str:
     return "tc" if link_kind(device) else "xdp"
 
 
-def _poke(device: str, addr) -> None:
+def poke(device: str, addr) -> None:
     addr = ipaddress.ip_address(addr)
     family = socket.AF_INET6 if addr.version == 6 else socket.AF_INET
     with suppress(OSError), socket.socket(family, socket.SOCK_DGRAM) as s:

@@ -129,3 +129,37 @@ def test_an_idle_peers_dead_paths_are_probed_and_recover_its_good_ones_are_not(l
     finally:
         lab.tb.blackhole(0, 2, on=False)
         ping.kill()
+
+
+def test_a_never_used_peer_comes_back_after_a_carrier_flap(tmp_path):
+    """A carrier loss flushes the neighbour entries of the plane, and a peer
+    nothing was ever sent to has no traffic that would resolve them again:
+    the agent must ask the kernel for the next hop itself, or the peer's
+    paths on that plane have no MAC to probe with and stay out of service."""
+    with Lab(tmp_path, hosts=2, planes=2, evs=2, prefix="pb9") as lab:
+        lab.up()
+        dev = lab.tb.dev(0, 1, 1)
+        time.sleep(1.5)
+        assert agent_report(lab, 0)["peers_in_use"] == 0
+        tx0 = sum(x["tx_packets"] for x in lab.paths(0))
+        t0 = time.time()
+        lab.tb.carrier(1, 1, False)              # h1's end down: h0's plane 1 loses carrier
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and \
+                not all(x["state"] == "ASSUMED_BAD" for x in lab.paths(0) if x["plane"] == dev):
+            time.sleep(0.2)
+        assert all(x["state"] == "ASSUMED_BAD" for x in lab.paths(0) if x["plane"] == dev)
+        # the case under test: h0 no longer knows h1's MAC on that plane
+        neigh = lab.tb.exec(0, ["ip", "neigh", "show", "dev", dev, "to", lab.tb.addr(1, 0, 1)]).stdout
+        assert "lladdr" not in neigh, neigh
+        lab.tb.carrier(1, 1, True)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and any(x["state"] != "GOOD" for x in lab.paths(0)):
+            time.sleep(0.2)
+        assert all(x["state"] == "GOOD" for x in lab.paths(0)), lab.paths(0)
+        ups = [e for e in lab.events(0, t0) if e["plane"] == dev and e["new"] == "GOOD"]
+        assert {e["path"] for e in ups} == {x["id"] for x in lab.paths(0) if x["plane"] == dev}, ups
+        assert all(e["reason"] == "recovered" for e in ups), ups
+        # back by probes alone: h0 sent no data meanwhile
+        assert sum(x["tx_packets"] for x in lab.paths(0)) == tx0
+        assert agent_report(lab, 0)["peers_in_use"] == 0
