@@ -18,6 +18,13 @@ map the agent holds, from /proc/PID/fdinfo), the agent's CPU (% of one
 core) and RSS idle for --idle seconds and during a 64 MiB transfer to h1,
 EV probes sent per second (the agent's health.json), and the wall time of
 `mrcctl status --json` and of one Prometheus scrape of the agent.
+
+Membership churn (--churn N, default 10): during a paced, sha256-checked
+stream to h1, N absent peers are added one at a time with `mrcctl peer
+add` and removed again with `mrcctl peer remove` (the hub's [peers] dir);
+measured: the time the agent took to apply each change (what the command
+reports), and what the stream to h1 lost meanwhile (wire PSNs h1's reorder
+window never got, net of late arrivals; the bytes and their sha256).
 Writes scale.md and scale.json (appending a labelled run) into --out.
 """
 
@@ -26,6 +33,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import signal
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -35,7 +46,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests" / "integration"))
 
-from lab import Lab  # noqa: E402
+from lab import XFER, Lab  # noqa: E402
 from scripts import write_section  # noqa: E402
 
 PLANES = 4
@@ -129,7 +140,54 @@ def timed(fn) -> float:
     return round(time.monotonic() - t, 3)
 
 
-def scenario(name: str, idle_s: float, prefix: str) -> dict:
+def churn(lab: Lab, n: int, evs: int) -> dict:
+    """n absent peers added and removed one at a time, each by `mrcctl peer`,
+    while h0 streams to h1 below the planes' rate (so that a PSN h1 never
+    gets is mrc's loss, not a queue's)."""
+    cfg0 = str(lab.configs[0])
+    before = lab.status(1)["peers"][0]["reorder"]
+    recv = lab.start_receiver(1, port=5302, timeout=60)
+    send = lab.tb.popen(0, [sys.executable, XFER, "send", "--to", lab.overlay(1), "--port", "5302",
+                            "--bytes", "64M", "--seconds", "600", "--max-rate", "40M",
+                            "--timeout", "60"],
+                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(1.0)
+    add_ms, remove_ms = [], []
+
+    def applied(out: str) -> float:
+        m = re.search(r"applied by the agent in ([0-9.]+) ms", out)
+        if not m:
+            raise SystemExit(f"mrcctl peer: no apply time in {out!r}")
+        return float(m.group(1))
+
+    try:
+        for k in range(n):
+            und = [f"--underlay={lab.tb.dev(0, 1, p)}=10.{ABSENT_NET + p}.200.{k + 1}" for p in range(PLANES)]
+            add_ms.append(applied(lab.mrcctl(0, "peer", "add", "-c", cfg0, "--name", f"churn{k}",
+                                             "--overlay", f"172.31.250.{k + 1}", "--evs-per-plane", str(evs),
+                                             *und).stdout))
+            time.sleep(0.2)
+            remove_ms.append(applied(lab.mrcctl(0, "peer", "remove", "-c", cfg0, f"churn{k}").stdout))
+            time.sleep(0.2)
+    except BaseException:
+        send.kill()
+        raise
+    if send.poll() is not None:
+        raise SystemExit(f"the stream to h1 ended before the churn did: {send.communicate()}")
+    time.sleep(1.0)
+    send.send_signal(signal.SIGUSR1)      # the stream ends at its next chunk
+    sent, got = lab.result(send, 120), lab.result(recv, 120)
+    after = lab.status(1)["peers"][0]["reorder"]
+    return {"changes": 2 * n,
+            "add_ms_median": round(statistics.median(add_ms), 1), "add_ms_max": round(max(add_ms), 1),
+            "remove_ms_median": round(statistics.median(remove_ms), 1),
+            "remove_ms_max": round(max(remove_ms), 1),
+            "stream_mb": round(got["bytes"] / 1e6, 1),
+            "stream_intact": got["bytes"] == sent["bytes"] and got["sha256"] == sent["sha256"],
+            "lost_psns": after["net_lost"] - before["net_lost"]}
+
+
+def scenario(name: str, idle_s: float, prefix: str, n_churn: int = 0) -> dict:
     limit = None
     if "/" in name:                     # peersN/M: [limits] max_peers = M
         name, limit = name.split("/")
@@ -146,7 +204,10 @@ def scenario(name: str, idle_s: float, prefix: str) -> dict:
     with tempfile.TemporaryDirectory() as tmp, \
             Lab(Path(tmp), hosts=2, planes=PLANES, evs=evs, prefix=prefix) as lab:
         lab.up(hosts=[1])
-        cfg = lab.tb.mrc_config(0, evs=evs, extra=extra) + "\n" + absent_peers(lab, n_absent, evs)
+        peers_dir = Path(tmp) / "peers-h0"
+        peers_dir.mkdir()
+        cfg = lab.tb.mrc_config(0, evs=evs, extra=extra) + "\n" + absent_peers(lab, n_absent, evs) + \
+            f'\n[peers]\ndir = "{peers_dir}"\n'
         lab.configs[0].write_text(cfg)
         up_s = timed(lambda: lab.mrcctl(0, "up", timeout=300))
         time.sleep(3)                      # past the agent's start-up round of probes
@@ -158,9 +219,12 @@ def scenario(name: str, idle_s: float, prefix: str) -> dict:
                 f"'http://127.0.0.1:{METRICS_PORT}/metrics',timeout=60).read()")
         scrape_s = timed(lambda: lab.tb.exec(0, [sys.executable, "-c", code], timeout=120))
         paths = sum(len(p["paths"]) for p in lab.status(0)["peers"])
-        return {"scenario": name, "peers": 1 + n_absent, "paths": paths, "up_s": up_s,
-                "map_memory_mb": round(map_memory_mb(pid), 2), "idle": idle, "transfer": busy,
-                "status_s": status_s, "scrape_s": scrape_s}
+        row = {"scenario": name, "peers": 1 + n_absent, "paths": paths, "up_s": up_s,
+               "map_memory_mb": round(map_memory_mb(pid), 2), "idle": idle, "transfer": busy,
+               "status_s": status_s, "scrape_s": scrape_s}
+        if n_churn:
+            row["churn"] = churn(lab, n_churn, evs)
+        return row
 
 
 def write(out: Path, label: str, rows: list[dict], cmd: str) -> None:
@@ -182,6 +246,18 @@ def write(out: Path, label: str, rows: list[dict], cmd: str) -> None:
                       f"{r['transfer']['agent_cpu_pct']} | {r['transfer']['probes_per_s']} | "
                       f"{r['idle']['agent_rss_mb']} | {r['status_s']} | {r['scrape_s']} |")
         md.append("")
+        churned = [r for r in run["rows"] if r.get("churn")]
+        if churned:
+            md += ["Membership churn under a stream to h1 (peers added and removed one at a time by "
+                   "`mrcctl peer`; apply time as the agent reports it):", "",
+                   "| scenario | changes | add ms median / max | remove ms median / max | stream MB | "
+                   "stream intact | wire PSNs lost |", "|---|---|---|---|---|---|---|"]
+            for r in churned:
+                c = r["churn"]
+                md.append(f"| {r['scenario']} | {c['changes']} | {c['add_ms_median']} / {c['add_ms_max']} | "
+                          f"{c['remove_ms_median']} / {c['remove_ms_max']} | {c['stream_mb']} | "
+                          f"{'yes' if c['stream_intact'] else 'NO'} | {c['lost_psns']} |")
+            md.append("")
     # the generated tables replace their own section of scale.md
     write_section(out / "scale.md", "Scale: cost of configured peers and paths", BEGIN, END, md)
 
@@ -196,10 +272,12 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "benchmarks")
     ap.add_argument("--label", default="main")
     ap.add_argument("--prefix", default="bsc")
+    ap.add_argument("--churn", type=int, default=10,
+                    help="peers added and removed under a stream to h1 per scenario (0: none)")
     a = ap.parse_args()
     rows = []
     for name in a.scenarios.split(","):
-        r = scenario(name.strip(), a.idle, a.prefix)
+        r = scenario(name.strip(), a.idle, a.prefix, a.churn)
         print(json.dumps(r), flush=True)
         rows.append(r)
     write(a.out, a.label, rows, "sudo python3 scripts/bench_scale.py " + " ".join(sys.argv[1:]))

@@ -16,6 +16,7 @@ import argparse
 import hashlib
 import json
 import random
+import signal
 import socket
 import sys
 import time
@@ -111,15 +112,20 @@ def send(to: str, port: int, nbytes: int, seed: int, timeout: float, connect_wai
     # stops at 256 MiB) without holding them in memory; seconds: stop after
     # that long instead, at a chunk boundary
     stop = t0 + seconds if seconds else None
+    # SIGUSR1 ends the stream early, as the time limit would (a caller
+    # that streams "until done": bench_scale's churn)
+    asked = []
+    signal.signal(signal.SIGUSR1, lambda *_: asked.append(1))
     total = 0
     for _ in range(repeat if not stop else 1 << 30):
         for off in range(0, nbytes, CHUNK):
-            if stop and time.monotonic() >= stop:
+            if asked or (stop and time.monotonic() >= stop):
                 break
             s.sendall(view[off:off + CHUNK])
             total += min(CHUNK, nbytes - off)
         else:
-            continue
+            if not asked:
+                continue
         break
     s.shutdown(socket.SHUT_WR)
     # Wait for the receiver to close so "seconds" covers delivery, not buffering.
