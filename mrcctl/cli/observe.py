@@ -26,7 +26,10 @@ def status(config_path, as_json, peers, view):
     from ..observe import snapshot
     snap = snapshot.snapshot(cfg, peers=set(peers) if peers else None)
     if as_json:
-        click.echo(json.dumps(snap, indent=2))
+        # indented for a person at a terminal; compact for a program, which
+        # also keeps json's C encoder (an indent falls back to the Python
+        # one: seconds for thousands of peers)
+        click.echo(json.dumps(snap, indent=2 if sys.stdout.isatty() else None))
     else:
         from ..observe.render import print_status
         print_status(snap, view=view)

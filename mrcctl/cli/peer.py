@@ -155,8 +155,12 @@ def peer_add(config_path, file, name, overlay, underlay, evs_per_plane, ev_base,
     from ..instance.members import peer_digest
     dig = peer_digest(p)
     how = _apply(new, path, None, text, lambda rec: rec["peers"].get(str(p.overlay), {}).get("digest") == dig)
-    p = next(q for q in load_config(config_path).peers if q.name == name)
-    click.echo(f"peer {name} added: index {p.index}, {len(p.paths)} paths, {path}; {how}")
+    # the index it runs at, from the instance's record (loading the config
+    # again for it took a second at 1,024 peers)
+    from ..instance import members
+    from ..instance.state import Instance
+    rec = members.record_of(Instance(new.overlay_device).read())["peers"].get(str(p.overlay), {})
+    click.echo(f"peer {name} added: index {rec.get('index', p.index)}, {len(p.paths)} paths, {path}; {how}")
 
 
 @peer.command("remove")

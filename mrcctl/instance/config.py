@@ -698,19 +698,21 @@ def assign_indices(cfg: Config, held: dict[str, int], retired: list[int] = ()) -
     are free.
     Whoever applies a change clears a retired index's state anyway
     (instance/members.py); this only keeps reuse rare."""
+    # sets, not lists: thousands of peers and retired indices
     keep: dict = {}
+    taken: set[int] = set()
     for p in cfg.peers:
         i = held.get(str(p.overlay))
-        if i is not None and 0 <= i < wire.MRC_PEERS_LIMIT and i not in keep.values():
+        if i is not None and 0 <= i < wire.MRC_PEERS_LIMIT and i not in taken:
             keep[p.overlay] = i
-    taken = set(keep.values())
+            taken.add(i)
     # peers leaving in this same change retire their indices now
     wanted = {str(p.overlay) for p in cfg.peers}
     leaving = [i for ov, i in held.items() if ov not in wanted]
     quarantined = [i for i in dict.fromkeys(list(retired) + leaving)
                    if i not in taken and 0 <= i < wire.MRC_PEERS_LIMIT]
-    order = iter([i for i in range(wire.MRC_PEERS_LIMIT) if i not in taken and i not in quarantined]
-                 + quarantined)
+    out_of_order = taken | set(quarantined)
+    order = iter([i for i in range(wire.MRC_PEERS_LIMIT) if i not in out_of_order] + quarantined)
     peers = []
     for p in cfg.peers:
         i = keep.get(p.overlay)
@@ -718,7 +720,7 @@ def assign_indices(cfg: Config, held: dict[str, int], retired: list[int] = ()) -
             i = next(order, None)
             if i is None:
                 raise ConfigError(f"peers: no free peer index for {p.name} (at most {wire.MRC_PEERS_LIMIT})")
-        peers.append(dataclasses.replace(p, index=i))
+        peers.append(p if p.index == i else dataclasses.replace(p, index=i))
     return dataclasses.replace(cfg, peers=tuple(peers))
 
 

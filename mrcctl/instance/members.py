@@ -72,9 +72,12 @@ def peer_digest(p: cfgmod.Peer) -> str:
 _PEER_FIELDS = tuple(f.name for f in dataclasses.fields(cfgmod.Peer) if f.name not in ("index", "source", "paths"))
 
 
-def note(state: dict, cfg: cfgmod.Config, epochs: dict[int, int] | None = None) -> None:
+def note(state: dict, cfg: cfgmod.Config, epochs: dict[int, int] | None = None,
+         digests: dict[str, str] | None = None) -> None:
     """Record `cfg`'s peers as the ones the instance runs with (after `up`
-    or a live change); indices no longer held are retired."""
+    or a live change); indices no longer held are retired. `digests`: the
+    peers' (digests_of), where the caller has them."""
+    digests = digests or digests_of(cfg)
     rec = record_of(state)
     old = {e["index"] for e in rec["peers"].values()}
     now = {p.index for p in cfg.peers}
@@ -83,7 +86,7 @@ def note(state: dict, cfg: cfgmod.Config, epochs: dict[int, int] | None = None) 
     epochs = epochs or {}
     state["members"] = {
         "peers": {str(p.overlay): {"index": p.index, "name": p.name, "source": p.source,
-                                   "digest": peer_digest(p),
+                                   "digest": digests[str(p.overlay)],
                                    "epoch": epochs.get(p.index, prev_epochs.get(p.index, 0))}
                   for p in cfg.peers},
         "retired": retired[-RETIRED_KEEP:],
@@ -117,15 +120,21 @@ class Change:
         return ", ".join(parts) or "no change"
 
 
-def diff(state: dict, cfg: cfgmod.Config) -> Change:
+def digests_of(cfg: cfgmod.Config) -> dict[str, str]:
+    """Every peer's digest by overlay address, made once for diff and note."""
+    return {str(p.overlay): peer_digest(p) for p in cfg.peers}
+
+
+def diff(state: dict, cfg: cfgmod.Config, digests: dict[str, str] | None = None) -> Change:
     """What differs between the peers the instance runs with and `cfg`'s
     (bound to the same record)."""
+    digests = digests or digests_of(cfg)
     old = record_of(state)["peers"]
     new = {str(p.overlay): p for p in cfg.peers}
     removed, added = [], []
     for ov, e in old.items():
         p = new.get(ov)
-        if p is None or e["index"] != p.index or e["digest"] != peer_digest(p):
+        if p is None or e["index"] != p.index or e["digest"] != digests[ov]:
             removed.append((ov, e["index"], e["name"]))
     gone = {ov for ov, _i, _n in removed}
     for ov, p in new.items():
@@ -150,10 +159,11 @@ def apply(cfg: cfgmod.Config) -> tuple[Change, float]:
             raise MrcError(f"{cfg.overlay_device}: run `mrcctl up` once, so that the instance records "
                            "its peers' indices")
         cfg = bind(cfg, state)
-        change = diff(state, cfg)
+        digests = digests_of(cfg)
+        change = diff(state, cfg, digests)
         if not change:
             if record_of(state).get("digest") != cfg.digest:
-                note(state, cfg)
+                note(state, cfg, digests=digests)
                 inst.write(state)
             return change, time.monotonic() - t0
         # netlink only here: `bind` serves every command, `status` too
@@ -176,7 +186,7 @@ def apply(cfg: cfgmod.Config) -> tuple[Change, float]:
             except PartlyApplied:
                 inst.write(state)
                 raise
-        note(state, cfg, epochs)
+        note(state, cfg, epochs, digests)
         took = time.monotonic() - t0
         state["members"].update(last_apply_ms=took * 1000, last_change=change.describe())
         # `up` with the same files has nothing left to do, unless the
@@ -242,12 +252,11 @@ def add_peer(dp: Datapath, nl, cfg: cfgmod.Config, p: cfgmod.Peer, by_dev: dict,
     # Neighbours are looked up, not waited for: until the agent's
     # neighbours task finds them, mrc_tx hands frames to
     # bpf_redirect_neigh, which resolves them.
-    table = nl.neighbour_table()
     macs = {}
     for path in p.paths:
         key = (path.plane.device, str(path.remote))
-        if key not in macs:         # a route lookup per plane, not per EV
-            macs[key] = table.get((by_dev[path.plane.device].ifindex, nl.next_hop(*key)))
+        if key not in macs:         # per plane, not per EV; one entry, not a dump of thousands
+            macs[key] = nl.neighbour(path.plane.device, nl.next_hop(*key))
     write_peer(dp, p, by_dev, macs, epoch=epoch)
     # what it owns (its overlay addresses and prefixes, both families):
     # first whom mrc_rx believes, then where mrc_tx sends, then the routes

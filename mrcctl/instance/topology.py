@@ -209,6 +209,20 @@ class Netlink:
                     out[(ifindex, name)] = mac
         return out
 
+    def neighbour(self, device: str, addr) -> bytes | None:
+        """The MAC of one usable neighbour entry, asked for alone (a dump
+        parses every entry: thousands on a host with thousands of peers)."""
+        try:
+            msgs = self.ipr.neigh("get", dst=str(addr), ifindex=self.index(device))
+        except NetlinkError:
+            return None
+        for m in msgs:
+            mac = m.get_attr("NDA_LLADDR")
+            # NUD_INCOMPLETE (1) and NUD_FAILED (0x20) have no usable address
+            if mac and not m.get("state", 0) & 0x21:
+                return bytes.fromhex(mac.replace(":", ""))
+        return None
+
     def poke_neighbours(self, wanted: list[tuple[str, object]]) -> dict:
         """Start resolving each (device, address): the next hop of each, and
         a datagram to the discard port for those not in the neighbour table,

@@ -38,8 +38,8 @@ class Routes:
     def route_delete(self, dst, dev):
         self.routes.discard(dst)
 
-    def neighbour_table(self):
-        return {}
+    def neighbour(self, dev, addr):
+        return None
 
     def next_hop(self, dev, addr):
         return str(addr)
