@@ -88,6 +88,28 @@ def test_adding_and_removing_a_file_changes_the_digest(site):
     assert d0 != d1 and load(site).digest == d0
 
 
+def test_the_digest_on_disk_is_the_loaded_one_without_parsing(site):
+    """What the agent's watcher compares before it parses thousands of files."""
+    write(site, "h2.toml", peer_file("172.31.0.3", "10.200.0.3"))
+    cfg = load(site)
+    assert cfgmod.digest_on_disk(cfg) == cfg.digest
+    write(site, "h3.toml", peer_file("172.31.0.4", "10.200.0.4"))
+    assert cfgmod.digest_on_disk(cfg) == load(site).digest != cfg.digest
+    (site / "peers.d" / "h3.toml").write_text(peer_file("172.31.0.4", "10.200.0.5"))     # edited
+    assert cfgmod.digest_on_disk(cfg) == load(site).digest
+    (site / "peers.d" / "h3.toml").unlink()
+    (site / "mrc.toml").write_text(MAIN.format(inline=""))                            # the main file
+    assert cfgmod.digest_on_disk(cfg) == load(site).digest != cfg.digest
+    # with authentication the key files count too
+    key = site / "k.key"
+    key.write_text("00112233445566778899aabbccddeeff\n")
+    (site / "mrc.toml").write_text(MAIN.format(inline=INLINE_H1) + f'[security]\nkey_file = "{key}"\n')
+    cfg = load(site)
+    assert cfgmod.digest_on_disk(cfg) == cfg.digest
+    key.write_text("ffeeddccbbaa99887766554433221100\n")
+    assert cfgmod.digest_on_disk(cfg) == load(site).digest != cfg.digest
+
+
 @pytest.mark.parametrize("files, error", [
     ({"a.toml": peer_file("172.31.0.3", "10.200.0.3"), "b.toml": peer_file("172.31.0.3", "10.200.0.9")},
      r"b\.toml: overlay: 172\.31\.0\.3 is already used by peer 'a' \(in .*a\.toml\)"),

@@ -113,6 +113,12 @@ class Watcher:
     def check(self) -> None:
         """Load the config again; apply what changed among the peers."""
         agent = self.agent
+        # the files as this agent loaded them, and the instance runs them:
+        # nothing to do (at its start after a change, which it applied
+        # itself), and no parse of thousands of peer files to find that out
+        rec = members.record_of(agent.inst.read())
+        if cfgmod.digest_on_disk(agent.cfg) == agent.cfg.digest == rec.get("digest"):
+            return
         try:
             new = members.bind(cfgmod.load(agent.cfg.source))
         except cfgmod.ConfigError as e:

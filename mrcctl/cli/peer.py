@@ -14,8 +14,10 @@ from ..errors import InputError, MrcError
 from ..instance import config as cfgmod
 from .common import CONFIG_OPT, load_config, need_privileges
 
-# how long `peer add/remove` waits for a running agent to apply the file
-AGENT_WAIT_S = 10.0
+# how long `peer add/remove` waits for a running agent to apply the file:
+# after a change the agent starts itself again, 4-5 s at 4,096 peers, and a
+# change that arrives meanwhile waits for that
+AGENT_WAIT_S = 30.0
 
 
 @click.group()
