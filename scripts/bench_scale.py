@@ -23,7 +23,8 @@ Membership churn (--churn N, default 10): during a paced, sha256-checked
 stream to h1, N absent peers are added one at a time with `mrcctl peer
 add` and removed again with `mrcctl peer remove` (the hub's [peers] dir);
 measured: the time the agent took to apply each change (what the command
-reports), and what the stream to h1 lost meanwhile (wire PSNs h1's reorder
+reports), how long until the agent, which starts itself again on the new
+peer list, reports again, and what the stream to h1 lost meanwhile (wire PSNs h1's reorder
 window never got, net of late arrivals; the bytes and their sha256).
 Writes scale.md and scale.json (appending a labelled run) into --out.
 """
@@ -115,6 +116,13 @@ def map_memory_mb(pid: int) -> float:
     return sum(seen.values()) / 2**20
 
 
+def agent_uptime(lab: Lab) -> float | None:
+    try:
+        return float(json.loads((run_dir(lab) / "health.json").read_text())["uptime_s"])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
 def probes_sent(lab: Lab) -> int:
     try:
         return int(json.loads((run_dir(lab) / "health.json").read_text())["probes_sent"])
@@ -160,15 +168,31 @@ def churn(lab: Lab, n: int, evs: int) -> dict:
             raise SystemExit(f"mrcctl peer: no apply time in {out!r}")
         return float(m.group(1))
 
+    back_s = []
+
+    def restarted(up_before: float) -> None:
+        """Wait until the agent, which starts itself again on the new peer
+        list after a change, reports again (health.json, once a second)."""
+        t = time.monotonic()
+        while time.monotonic() - t < 120:
+            up = agent_uptime(lab)
+            if up is not None and up < up_before:
+                back_s.append(time.monotonic() - t)
+                return
+            time.sleep(0.05)
+        raise SystemExit("the agent did not come back within 120 s of a change")
+
     try:
         for k in range(n):
             und = [f"--underlay={lab.tb.dev(0, 1, p)}=10.{ABSENT_NET + p}.200.{k + 1}" for p in range(PLANES)]
+            up = agent_uptime(lab) or 0.0
             add_ms.append(applied(lab.mrcctl(0, "peer", "add", "-c", cfg0, "--name", f"churn{k}",
                                              "--overlay", f"172.31.250.{k + 1}", "--evs-per-plane", str(evs),
                                              *und).stdout))
-            time.sleep(0.2)
+            restarted(up)
+            up = agent_uptime(lab) or 0.0
             remove_ms.append(applied(lab.mrcctl(0, "peer", "remove", "-c", cfg0, f"churn{k}").stdout))
-            time.sleep(0.2)
+            restarted(up)
     except BaseException:
         send.kill()
         raise
@@ -182,6 +206,7 @@ def churn(lab: Lab, n: int, evs: int) -> dict:
             "add_ms_median": round(statistics.median(add_ms), 1), "add_ms_max": round(max(add_ms), 1),
             "remove_ms_median": round(statistics.median(remove_ms), 1),
             "remove_ms_max": round(max(remove_ms), 1),
+            "agent_back_s_median": round(statistics.median(back_s), 2), "agent_back_s_max": round(max(back_s), 2),
             "stream_mb": round(got["bytes"] / 1e6, 1),
             "stream_intact": got["bytes"] == sent["bytes"] and got["sha256"] == sent["sha256"],
             "lost_psns": after["net_lost"] - before["net_lost"]}
@@ -250,12 +275,14 @@ def write(out: Path, label: str, rows: list[dict], cmd: str) -> None:
         if churned:
             md += ["Membership churn under a stream to h1 (peers added and removed one at a time by "
                    "`mrcctl peer`; apply time as the agent reports it):", "",
-                   "| scenario | changes | add ms median / max | remove ms median / max | stream MB | "
-                   "stream intact | wire PSNs lost |", "|---|---|---|---|---|---|---|"]
+                   "| scenario | changes | add ms median / max | remove ms median / max | "
+                   "agent back s median / max | stream MB | stream intact | wire PSNs lost |",
+                   "|---|---|---|---|---|---|---|---|"]
             for r in churned:
                 c = r["churn"]
                 md.append(f"| {r['scenario']} | {c['changes']} | {c['add_ms_median']} / {c['add_ms_max']} | "
-                          f"{c['remove_ms_median']} / {c['remove_ms_max']} | {c['stream_mb']} | "
+                          f"{c['remove_ms_median']} / {c['remove_ms_max']} | "
+                          f"{c.get('agent_back_s_median', '–')} / {c.get('agent_back_s_max', '–')} | {c['stream_mb']} | "
                           f"{'yes' if c['stream_intact'] else 'NO'} | {c['lost_psns']} |")
             md.append("")
     # the generated tables replace their own section of scale.md
