@@ -235,6 +235,21 @@ def test_retired_indices_are_used_last_oldest_first(site):
     assert out.peer("h2").index == 9      # none free: the one retired longest ago
 
 
+def test_retired_indices_come_before_never_used_ones_beyond_the_room(site):
+    """A cluster that replaces nodes must not creep to ever higher indices
+    (and maps sized for them): past the room the maps have for this many
+    peers, a retired index is taken before a never-used one."""
+    write(site, "h2.toml", peer_file("172.31.0.3", "10.200.0.3"))
+    cfg = load(site)
+    room = cfg.room()
+    held = {"172.31.0.2": 0}
+    out = cfgmod.assign_indices(cfg, held, retired=list(range(1, room + 100)))
+    assert out.peer("h2").index == 1          # the oldest retired, not room + 100
+    out = cfgmod.assign_indices(cfg, held, retired=list(range(5, room)))
+    assert out.peer("h2").index == 1          # a never-used one within the room first
+    assert cfg.sizing().peers == room
+
+
 def test_a_peer_leaving_in_the_same_change_does_not_pass_its_index_on(site):
     write(site, "h2.toml", peer_file("172.31.0.3", "10.200.0.3"))
     state = running(members.bind(load(site), {}))

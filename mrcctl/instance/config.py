@@ -242,6 +242,14 @@ class Config:
     max_peers: int | None = None
     max_paths_per_peer: int | None = None
 
+    def room(self, n: int | None = None) -> int:
+        """Peers the maps have room for with n peers (default: the
+        configured count): limits.max_peers, else n plus 1/64 (at least
+        16), in steps of 64, at least MRC_DEFAULT_PEERS."""
+        n = len(self.peers) if n is None else n
+        return self.max_peers or min(wire.MRC_PEERS_LIMIT, max(
+            wire.MRC_DEFAULT_PEERS, -(-(n + max(16, n // 64)) // 64) * 64))
+
     def sizing(self) -> wire.Sizing:
         """How big the datapath's maps are for this config (bpf/sizing.h).
         Peers: limits.max_peers, else the peers configured plus 1/64 (at
@@ -254,9 +262,7 @@ class Config:
         so that a few more EVs or planes need no new maps either. Memory
         per peer and path: docs/operator-guide.md ([limits])."""
         # indices, not the count: a live membership leaves holes (assign_indices)
-        n = max(len(self.peers), max((p.index for p in self.peers), default=-1) + 1)
-        peers = self.max_peers or min(wire.MRC_PEERS_LIMIT, max(
-            wire.MRC_DEFAULT_PEERS, -(-(n + max(16, n // 64)) // 64) * 64))
+        peers = self.room(max(len(self.peers), max((p.index for p in self.peers), default=-1) + 1))
         need = [len(p.paths) for p in self.peers]
         if self.max_paths_per_peer:
             need.append(self.max_paths_per_peer)
@@ -716,11 +722,12 @@ def _toml_scalar(v) -> str:
 def assign_indices(cfg: Config, held: dict[str, int], retired: list[int] = ()) -> Config:
     """The one place peer indices are allocated. A peer the running
     instance knows (`held`: overlay address -> index) keeps its index;
-    a new one takes the lowest index nobody holds that was never used, and
-    only when none is left the one retired longest ago (`retired`, oldest
-    first; the indices of running peers that `cfg` no longer has are
-    retired too): a removed peer's index is not handed on while others
-    are free.
+    a new one takes the lowest index nobody holds that was never used
+    within the room the maps have for this many peers (Config.room), else
+    the one retired longest ago (`retired`, oldest first; the indices of
+    running peers that `cfg` no longer has are retired too), and only then
+    a never-used one beyond the room: a removed peer's index is not handed
+    on while others are free, and replaced peers do not make the maps grow.
     Whoever applies a change clears a retired index's state anyway
     (instance/members.py); this only keeps reuse rare."""
     # sets, not lists: thousands of peers and retired indices
@@ -737,7 +744,15 @@ def assign_indices(cfg: Config, held: dict[str, int], retired: list[int] = ()) -
     quarantined = [i for i in dict.fromkeys(list(retired) + leaving)
                    if i not in taken and 0 <= i < wire.MRC_PEERS_LIMIT]
     out_of_order = taken | set(quarantined)
-    order = iter([i for i in range(wire.MRC_PEERS_LIMIT) if i not in out_of_order] + quarantined)
+    # Never-used indices within the room the maps have for this many peers
+    # come first, then the retired ones (oldest first: their state was
+    # cleared when their peer left, and a new epoch tells its receivers),
+    # and only then never-used ones beyond: preferring every never-used
+    # index made the indices, and the maps sized by them, creep up with
+    # every peer that left and was replaced.
+    room = cfg.room()
+    fresh = [i for i in range(wire.MRC_PEERS_LIMIT) if i not in out_of_order]
+    order = iter([i for i in fresh if i < room] + quarantined + [i for i in fresh if i >= room])
     peers = []
     for p in cfg.peers:
         i = keep.get(p.overlay)
