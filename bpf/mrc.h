@@ -392,7 +392,6 @@ struct mrc_path_cnt {
 	__u64	rx_ooo;		/* arrived below the highest PSN seen; writer:
 				 * mrc_rx (reorder.h) */
 	__u64	rx_dup;		/* writer: mrc_rx (reorder.h) */
-	__u64	probes_tx;	/* writer: none yet (reads 0) */
 	__u64	probes_rx;	/* replies received; writer: mrc_rx (rx.bpf.c) */
 	/* receiver reorder accounting (bpf/reorder.h) */
 	__u64	rx_late;	/* older than the reorder window: counted lost
@@ -449,11 +448,11 @@ struct mrc_reorder {
  * mrc_rx (evidence.h).
  */
 struct mrc_path_delay {
-	__u64	samples;	/* fresh echoes */
+	__u32	samples;	/* fresh echoes (wraps: readers compare it for
+				 * change, and 0 only restarts the EWMA) */
 	__u32	last_fb_ts;	/* newest echoed tx_ts seen */
 	__u32	rtt_us;		/* last fresh sample */
 	__u32	ewma_us;	/* EWMA of fresh samples, gain 1/4 */
-	__u32	rsvd;
 	__u64	last_ns;	/* when the last sample was taken (monotonic):
 				 * last_fb_ts, 32-bit microseconds, is compared
 				 * only while it is this recent (issue #13.5) */

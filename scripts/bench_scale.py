@@ -251,7 +251,7 @@ def scenario(name: str, idle_s: float, prefix: str, n_churn: int = 0) -> dict:
         row = {"scenario": name, "peers": 1 + n_absent, "paths": paths, "up_s": up_s,
                "map_memory_mb": round(map_memory_mb(pid), 2), "idle": idle, "transfer": busy,
                "status_s": status_s, "scrape_s": scrape_s}
-        if n_churn:
+        if n_churn and not (limit and 1 + n_absent >= int(limit)):     # a full instance refuses more
             row["churn"] = churn(lab, n_churn, evs)
         return row
 

@@ -628,7 +628,7 @@ class PathCnt(_Counters):
     """struct mrc_path_cnt: the rare-event per-path counters (one shared copy)."""
     C_NAME: ClassVar[str] = "mrc_path_cnt"
     LAYOUT: ClassVar = tuple((n, "Q") for n in (
-        "rx_ooo", "rx_dup", "probes_tx", "probes_rx", "rx_late", "tx_steered", "rx_ce",
+        "rx_ooo", "rx_dup", "probes_rx", "rx_late", "tx_steered", "rx_ce",
         "tx_hedged"))
 
 
@@ -642,7 +642,6 @@ class PathCounters:
     rx_bytes: int = 0
     rx_ooo: int = 0
     rx_dup: int = 0
-    probes_tx: int = 0
     probes_rx: int = 0
     rx_late: int = 0
     tx_steered: int = 0
@@ -679,8 +678,8 @@ class Reorder(_Counters):
 class PathDelay(_Struct):
     """struct mrc_path_delay: RTT of our path from fresh feedback echoes."""
     C_NAME: ClassVar[str] = "mrc_path_delay"
-    LAYOUT: ClassVar = (("samples", "Q"), ("last_fb_ts", "I"), ("rtt_us", "I"),
-                        ("ewma_us", "I"), ("rsvd", "I"), ("last_ns", "Q"))
+    LAYOUT: ClassVar = (("samples", "I"), ("last_fb_ts", "I"), ("rtt_us", "I"),
+                        ("ewma_us", "I"), ("last_ns", "Q"))
 
 
 @_struct

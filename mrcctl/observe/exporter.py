@@ -37,7 +37,6 @@ PATH_COUNTERS = {
     "rx_ooo": ("mrc_path_rx_out_of_order_packets", "Packets that arrived with a PSN below the highest seen."),
     "rx_dup": ("mrc_path_rx_duplicate_packets", "Duplicate packets (by PSN) received on the path."),
     "rx_ce": ("mrc_path_rx_ce_packets", "Packets received on the path with CE marked by the fabric (RFC 6040)."),
-    "probes_tx": ("mrc_path_probes_sent", "EV probes sent on the path."),
     "probes_rx": ("mrc_path_probes_received", "EV probe replies received on the path."),
 }
 # keys rendered some other way, never as generic gauges

@@ -157,7 +157,6 @@ def _snapshot(cfg: cfgmod.Config, dp: Datapath, only: set[str] | None = None) ->
                 "rx_late": st.rx_late,
                 "rx_ce": st.rx_ce,
                 "slot_share": None,
-                "probes_tx": st.probes_tx,
                 "probes_rx": st.probes_rx,
                 "rtt_us": live.rtt_us or None,
                 "srtt_us": live.srtt_us or None,
