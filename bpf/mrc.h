@@ -239,9 +239,8 @@ struct mrc_path {
 	__be32	daddr[4];	/* writer: agent (loader) */
 	__u32	weight;		/* writer: agent (loader, then adaptive
 				 * weights) */
-	__u32	rsvd;		/* was the operator's admin state, now in
-				 * mrc_admin: a field of another writer */
-};
+};	/* 56 bytes: an array value is rounded up to 8 (mrc_admin holds the
+	 * operator's state, a field of another writer) */
 
 /*
  * mrc_admin: ARRAY[peers << path_shift] of __u32: MRC_PATH_DENIED

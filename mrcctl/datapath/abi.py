@@ -507,7 +507,7 @@ class Path(_Struct):
     LAYOUT: ClassVar = (
         ("ifindex", "I"), ("ev", "H"), ("family", "B"), ("plane", "B"),
         ("smac", "6s"), ("dmac", "6s"), ("saddr", "16s"), ("daddr", "16s"),
-        ("weight", "I"), ("rsvd", "I"),
+        ("weight", "I"),
     )
     DEFAULTS = {"family": 4,
                 "smac": "00:00:00:00:00:00",

@@ -152,7 +152,7 @@ def _plan_moves(dp: Datapath, cfg: cfgmod.Config, by_dev: dict, old_peers: list)
     None}, for the indices whose owner is not the one they had. A peer is
     its overlay address (peer_identity); a path,
     its peer, plane device and EV."""
-    paths_m, admin_m = dp.map("mrc_paths"), dp.map("mrc_admin")
+    paths_m = dp.map("mrc_paths")
     sz = dp.sizing
     old_peer: dict[str, int] = {}
     old_paths: dict[int, dict[tuple[int, int], int]] = {}
@@ -165,10 +165,6 @@ def _plan_moves(dp: Datapath, cfg: cfgmod.Config, by_dev: dict, old_peers: list)
         for pid, raw in enumerate(paths_m.lookup_range(sz.path_idx(i, 0), n)):
             p = wire.Path.unpack(raw)
             old_paths[i][(p.ifindex, p.ev)] = pid
-            if p.rsvd == wire.PathState.DENIED:
-                # maps of a datapath that kept the denial in mrc_path
-                # (now rsvd): it moves to mrc_admin once, then as any other
-                admin_m.update(sz.path_key(i, pid), wire.u32(wire.PathState.DENIED))
     peer_moves, path_moves = {}, {}
     for peer in cfg.peers:
         j = old_peer.get(peer_identity(peer))
