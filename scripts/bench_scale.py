@@ -35,6 +35,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import signal
 import statistics
 import subprocess
@@ -260,12 +261,12 @@ def write(out: Path, label: str, rows: list[dict], cmd: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
     jf = out / "scale.json"
     runs = json.loads(jf.read_text()) if jf.exists() else []
-    runs = [r for r in runs if r.get("label") != label] + [{"label": label, "time": time.time(), "rows": rows}]
+    runs = [r for r in runs if r.get("label") != label] + \
+        [{"label": label, "time": time.time(), "cmd": cmd, "rows": rows}]
     jf.write_text(json.dumps(runs, indent=1) + "\n")
-    md = ["",
-          f"Produced by `{cmd}` (each label one run; see scripts/bench_scale.py for what is measured).", ""]
+    md = ["", "Each label is one run of the command under it (see scripts/bench_scale.py for what is measured).", ""]
     for run in runs:
-        md += [f"### {run['label']}", "",
+        md += [f"### {run['label']}", "", f"`{run.get('cmd', 'sudo python3 scripts/bench_scale.py')}`", "",
                "| scenario | peers | paths | up s | map MiB | idle agent CPU % | idle probes/s | "
                "agent CPU % under transfer | probes/s under transfer | agent RSS MB | status s | scrape s |",
                "|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -311,7 +312,7 @@ def main() -> None:
         r = scenario(name.strip(), a.idle, a.prefix, a.churn)
         print(json.dumps(r), flush=True)
         rows.append(r)
-    write(a.out, a.label, rows, "sudo python3 scripts/bench_scale.py " + " ".join(sys.argv[1:]))
+    write(a.out, a.label, rows, "sudo python3 scripts/bench_scale.py " + shlex.join(sys.argv[1:]))
 
 
 if __name__ == "__main__":
