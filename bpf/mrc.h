@@ -488,13 +488,17 @@ struct mrc_flowlet {
 /*
  * mrc_path_mtu: ARRAY[peers << path_shift], the path MTU an ICMP
  * "fragmentation needed" / "packet too big" reported for one of our paths
- * (bpf/pmtu.h); in force for MRC_PMTU_AGE_NS after ns. Writer of every
- * field: mrc_rx (pmtu.h).
+ * (bpf/pmtu.h); in force for MRC_PMTU_AGE_S after s. Writer of every
+ * field: mrc_rx (pmtu.h). 8 bytes: one per path slot (131,072 at 4,096
+ * peers x 32 paths), nearly all of them never written.
  */
 struct mrc_path_mtu {
-	__u32	mtu;		/* outer L3 MTU of the path; 0: none recorded */
-	__u32	icmps;		/* valid ICMPs received for the path */
-	__u64	ns;		/* when the last one arrived (monotonic) */
+	__u16	mtu;		/* outer L3 MTU of the path; 0: none recorded */
+	__u16	icmps;		/* valid ICMPs received for the path (stops
+				 * at 65535; a plain add: two CPUs at once
+				 * may count one) */
+	__u32	s;		/* when the last one arrived: monotonic
+				 * seconds (compared modulo 2^32) */
 };
 
 /* mrc_drops: PERCPU_ARRAY[MRC_R_MAX] of __u64 packets. Writers: mrc_tx,

@@ -21,7 +21,7 @@
  *    smaller size. An inner packet without DF may not be answered so
  *    (RFC 1191): it is dropped and counted (MRC_R_TX_TOO_BIG_DROP); the
  *    kernel sets DF on TCP and on UDP unless a socket opts out.
- *  - ageing: a record older than MRC_PMTU_AGE_NS is ignored, so a link
+ *  - ageing: a record older than MRC_PMTU_AGE_S is ignored, so a link
  *    whose MTU went back up carries full-size units again; the first one
  *    too big for a still-small link brings a new ICMP (the stack's own PMTU
  *    expiry, net.ipv4.route.mtu_expires, is also 10 minutes).
@@ -41,7 +41,8 @@
 #include "encap.h"
 #include "validate.h"
 
-#define MRC_PMTU_AGE_NS		(600ULL * 1000000000ULL)
+#define MRC_PMTU_AGE_S		600
+#define PMTU_NS_PER_S		1000000000ULL
 /* A quoted PSN must lie this far below the next PSN to send, at most:
  * about 2.5 s of 1500-byte packets at 5 Gbit/s. */
 #define MRC_PMTU_PSN_WINDOW	(1U << 20)
@@ -93,7 +94,7 @@ static __always_inline __u32 pmtu_of(__u32 peer_idx, __u32 pid, __u64 now)
 	if (!m)
 		return 0;
 	mtu = m->mtu;
-	if (!mtu || now - m->ns > MRC_PMTU_AGE_NS)
+	if (!mtu || (__u32)(now / PMTU_NS_PER_S) - m->s > MRC_PMTU_AGE_S)
 		return 0;
 	return mtu;
 }
@@ -430,9 +431,10 @@ static __always_inline __u32 pmtu_rx_icmp(const struct mrc_frame *f, void *data_
 	rec = bpf_map_lookup_elem(&mrc_path_mtu, &idx);
 	if (!rec)
 		return RX_V(RX_DROP, MRC_R_RX_PMTU_BAD);
-	rec->mtu = mtu;
-	rec->ns = bpf_ktime_get_ns();
-	__sync_fetch_and_add(&rec->icmps, 1);
+	rec->mtu = mtu;		/* < q.len: fits 16 bits */
+	rec->s = bpf_ktime_get_ns() / PMTU_NS_PER_S;
+	if (rec->icmps != 0xffff)
+		rec->icmps++;
 	return RX_V(RX_DROP, MRC_R_RX_PMTU);
 }
 

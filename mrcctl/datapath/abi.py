@@ -685,12 +685,12 @@ class PathDelay(_Struct):
 @_struct
 class PathMtu(_Struct):
     """struct mrc_path_mtu: the MTU an ICMP too-big reported for a path
-    (bpf/pmtu.h), in force for MRC_PMTU_AGE_NS after ns."""
+    (bpf/pmtu.h), in force for MRC_PMTU_AGE_S after s."""
     C_NAME: ClassVar[str] = "mrc_path_mtu"
-    LAYOUT: ClassVar = (("mtu", "I"), ("icmps", "I"), ("ns", "Q"))
+    LAYOUT: ClassVar = (("mtu", "H"), ("icmps", "H"), ("s", "I"))
 
 
-MRC_PMTU_AGE_NS = 600 * 1_000_000_000
+MRC_PMTU_AGE_S = 600
 
 
 @_struct

@@ -39,9 +39,10 @@ PER_PATH = ("mrc_paths", "mrc_live", "mrc_admin", "mrc_path_stats", "mrc_path_cn
 PEER_MULTIPLE = {"mrc_slots": 2, "mrc_probe_rl": abi.MRC_MAX_PLANES}
 
 
-def map_entries(sizing: abi.Sizing, planes: int = abi.MRC_MAX_PLANES) -> dict[str, int]:
+def map_entries(sizing: abi.Sizing, planes: int = abi.MRC_MAX_PLANES, flowlets: int | None = None) -> dict[str, int]:
     """max_entries of every sized map. `planes`: the configured planes,
-    which bound the (plane, source) -> peer entries of mrc_rx_peers."""
+    which bound the (plane, source) -> peer entries of mrc_rx_peers;
+    `flowlets`: room in the flowlet cache (None: as compiled)."""
     out = {name: sizing.peers for name in PER_PEER}
     out.update({name: sizing.path_entries for name in PER_PATH})
     out.update({name: sizing.peers * k for name, k in PEER_MULTIPLE.items()})
@@ -54,6 +55,15 @@ def map_entries(sizing: abi.Sizing, planes: int = abi.MRC_MAX_PLANES) -> dict[st
     # many served here, in mrc_ovl_owner)
     out["mrc_peer_ip"] = sizing.peers * abi.MRC_OVL_PER_PEER
     out["mrc_ovl_owner"] = sizing.peers * abi.MRC_OVL_PER_PEER + abi.MRC_OVL_PER_PEER
+    # a hash the kernel gives a power of two of buckets: sized just past
+    # one (the default headroom over 4,096 x 32) it cost 2 MiB more; it
+    # holds only the paths being probed, and the agent copes with a full
+    # one, so room for all but a few percent of the paths is room enough
+    n = sizing.path_entries
+    floor = 1 << (n.bit_length() - 1)
+    out["mrc_probe_nonce"] = floor if floor >= n - n // 16 else n
+    if flowlets:
+        out["mrc_flowlets"] = flowlets
     return out
 
 
@@ -62,9 +72,9 @@ def sizing_of(maps: dict[str, Map]) -> abi.Sizing:
     return abi.Sizing.of_maps(maps["mrc_peers"].max_entries, maps["mrc_paths"].max_entries)
 
 
-def resized(maps: dict[str, Map], sizing: abi.Sizing, planes: int) -> bool:
+def resized(maps: dict[str, Map], sizing: abi.Sizing, planes: int, flowlets: int | None = None) -> bool:
     """Would these running maps be sized otherwise for this sizing?"""
-    want = map_entries(sizing, planes)
+    want = map_entries(sizing, planes, flowlets)
     return any(m.max_entries != want[name] for name, m in maps.items() if name in want)
 
 
@@ -148,7 +158,7 @@ class Loaded:
 
 def load_objects(reuse: dict[str, Map] | None = None, sizing: abi.Sizing | None = None,
                  planes: int = abi.MRC_MAX_PLANES, programs=None,
-                 verifying: threading.Event | None = None) -> Loaded:
+                 verifying: threading.Event | None = None, flowlets: int | None = None) -> Loaded:
     """Load tx.bpf.o and rx.bpf.o so they share one set of maps, sized for
     `sizing` (default: as compiled) and `planes` planes; of their programs
     only those in `programs` (default: all).
@@ -175,7 +185,7 @@ def load_objects(reuse: dict[str, Map] | None = None, sizing: abi.Sizing | None 
     programs = ALL_PROGS if programs is None else frozenset(programs)
     if not programs <= ALL_PROGS:
         raise MrcError(f"no such BPF program: {', '.join(sorted(programs - ALL_PROGS))}")
-    entries = map_entries(sizing, planes)
+    entries = map_entries(sizing, planes, flowlets)
     shared: dict[str, Map] = dict(reuse or {})
     resized: dict[str, Map] = {}
     old_sizing = sizing_of(shared) if {"mrc_peers", "mrc_paths"} <= shared.keys() else None

@@ -182,16 +182,17 @@ class _Preload:
         self._error: BaseException | None = None
         verifying = threading.Event()
         self._thread = threading.Thread(target=self._run, name="preload", daemon=True,
-                                        args=(cfg.sizing(), len(cfg.planes), _needed(self.hooks), verifying))
+                                        args=(cfg.sizing(), len(cfg.planes), _needed(self.hooks), verifying,
+                                              cfg.flowlet_room()))
         self._thread.start()
         # Until the kernel has the programs the loader runs Python (opening
         # the objects, making the maps): let it have the GIL for those few
         # ms, or this thread's imports delay the verification by more.
         verifying.wait(1.0)
 
-    def _run(self, sizing, n_planes: int, needed: set[str], verifying: threading.Event) -> None:
+    def _run(self, sizing, n_planes: int, needed: set[str], verifying: threading.Event, flowlets: int) -> None:
         try:
-            self._result = load_objects({}, sizing, n_planes, needed, verifying)
+            self._result = load_objects({}, sizing, n_planes, needed, verifying, flowlets)
         except BaseException as e:  # noqa: BLE001 - raised by take()
             self._error = e
         finally:
@@ -267,8 +268,10 @@ def _apply(cfg, inst, nl, planes, mtu, digest, prior, neigh_wait: float = NEIGH_
         sizing = cfg.sizing()
         running = running_maps(prior)
         if prior.get("objects_digest") != digest or not programs_alive(prior) or \
-                not needed <= set(prior.get("prog_ids", {})) or resized(running, sizing, len(cfg.planes)):
-            loaded = _step("loading BPF programs", load_objects, running, sizing, len(cfg.planes), needed)
+                not needed <= set(prior.get("prog_ids", {})) or \
+                resized(running, sizing, len(cfg.planes), cfg.flowlet_room()):
+            loaded = _step("loading BPF programs", load_objects, running, sizing, len(cfg.planes), needed,
+                           flowlets=cfg.flowlet_room())
             state.update(prog_ids=loaded.prog_ids, map_ids=loaded.map_ids, objects_digest=digest)
             inst.write(state)
         else:

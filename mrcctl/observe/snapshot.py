@@ -81,7 +81,8 @@ def _path_mtu(raw: bytes | None, now_ns: int) -> int | None:
     if not raw:
         return None
     ent = wire.PathMtu.unpack(raw)
-    return ent.mtu if ent.mtu and now_ns - ent.ns <= wire.MRC_PMTU_AGE_NS else None
+    age_s = (now_ns // 1_000_000_000 - ent.s) % (1 << 32)
+    return ent.mtu if ent.mtu and age_s <= wire.MRC_PMTU_AGE_S else None
 
 
 def snapshot(cfg: cfgmod.Config, dp: Datapath | None = None, peers: set[str] | None = None) -> dict:

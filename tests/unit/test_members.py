@@ -81,7 +81,7 @@ def test_remove_then_add_at_the_same_index(dp):
     dp.set_seq(peer=h2.index, psn=5000, rx_psn_max=9000)
     dp.maps["mrc_rx_epoch"].update(wire.u32(h2.index), wire.RxEpoch(cur=0x1_0007).pack())
     dp.maps["mrc_dedup"].update(wire.u32(h2.index), wire.Dedup(w=b"\x01" * (wire.MRC_DEDUP_WORDS * 8)).pack())
-    dp.maps["mrc_path_mtu"].update(dp.sizing.path_key(h2.index, 0), bytes([0xdc, 5, 0, 0, 1, 0, 0, 0]) + bytes(8))
+    dp.maps["mrc_path_mtu"].update(dp.sizing.path_key(h2.index, 0), wire.PathMtu(mtu=1500, icmps=1, s=7).pack())
     send(dp, str(h1.overlay))
     h1_before = entries(v, h1.index, len(h1.paths))
 

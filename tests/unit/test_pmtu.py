@@ -54,11 +54,11 @@ def path_mtu(dp, path: int) -> wire.PathMtu:
 
 
 def set_mtu(dp, path: int, mtu: int, age_s: float = 0.0):
-    # modulo 2^64: on a machine up for less than age_s the record's time is
-    # "before boot", which the datapath's unsigned now - ns ages the same way
-    ns = (time.monotonic_ns() - int(age_s * 1e9)) % (1 << 64)
+    # modulo 2^32: on a machine up for less than age_s the record's time is
+    # "before boot", which the datapath's unsigned now - s ages the same way
+    s = (time.monotonic_ns() // 1_000_000_000 - int(age_s)) % (1 << 32)
     dp.maps["mrc_path_mtu"].update(wire.DEFAULT_SIZING.path_key(PEER, path),
-                                   wire.PathMtu(mtu=mtu, icmps=1, ns=ns).pack())
+                                   wire.PathMtu(mtu=mtu, icmps=1, s=s).pack())
 
 
 def patch(b: bytes, off: int, new: bytes) -> bytes:

@@ -192,3 +192,21 @@ def test_a_resized_map_is_recreated_with_its_entries_moved(bpf_objects):
             lives = n["mrc_live"].read_range(0, n["mrc_live"].max_entries)
             assert [i for i, v in enumerate(lives) if any(v)] == [new_sz.path_idx(3, 5)]
             assert wire.Slots.unpack(n["mrc_slots"].lookup(wire.u32(wire.slots_idx(3, 1)))).slot[:2] == [5, 15]
+
+
+def test_probe_nonces_are_not_sized_just_past_a_power_of_two():
+    """The hash's buckets are a power of two: 133,120 slots (4,096 peers and
+    the default headroom) would take 262,144 of them, 2 MiB more."""
+    assert map_entries(wire.Sizing.of(4160, 32))["mrc_probe_nonce"] == 131072
+    assert map_entries(wire.Sizing.of(300, 24))["mrc_probe_nonce"] == 300 * 32     # 8,192 would be too few
+
+
+def test_the_flowlet_cache_is_large_only_when_a_peer_sprays_flowlets():
+    """16,384 flows (1.4 MiB) only for a config that uses them; 2,048 else."""
+    plain = cfgmod.parse(toml(3))
+    text = toml(3).replace('evs_per_plane = 4\n', 'evs_per_plane = 4\nspray = "flowlet"\n', 1)
+    flowlet = cfgmod.parse(text)
+    assert [p.spray for p in flowlet.peers] == ["flowlet", "weighted", "weighted"]
+    assert plain.flowlet_room() == cfgmod.FLOWLETS_IDLE < flowlet.flowlet_room() == cfgmod.FLOWLETS_ROOM
+    assert map_entries(plain.sizing(), 2, plain.flowlet_room())["mrc_flowlets"] == cfgmod.FLOWLETS_IDLE
+    assert "mrc_flowlets" not in map_entries(plain.sizing(), 2)      # as compiled
