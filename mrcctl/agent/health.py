@@ -269,9 +269,9 @@ class Prober:
             out: list[ProbePath] = []
             self._refresh_peer(peer, ents, pkeys, akey, {p.path: p for p in self.by_peer[idx]}, out)
             self.by_peer[idx] = out
-        self._resolve()
+        self.resolve()
 
-    def _resolve(self) -> None:
+    def resolve(self) -> None:
         """Ask the kernel for the next hop of every tracked path that has
         no MAC and no frame yet (a datagram through the plane makes it run
         ARP/ND): without this, an idle peer whose neighbour entries a
@@ -315,7 +315,7 @@ class Prober:
         self._refresh_peer(peer, ents, pkeys, akey, {}, out)
         self._seen[peer.index] = (token, akey)
         self.by_peer[peer.index] = out
-        self._resolve()
+        self.resolve()
         return out
 
     def _refresh_peer(self, peer, ents, pkeys, akey, old: dict, out: list) -> None:
@@ -813,6 +813,7 @@ class Health:
             # again now, not at the next RESCAN_NS, or recovery of an idle
             # peer waits up to 10 s for its first probe.
             self.prober.rescan = True
+            self.prober.resolve()       # next hops the carrier loss flushed, asked for now
             if not initial:
                 self._log_plane(dev, wire.EvReason.LINK_UP.label)
 

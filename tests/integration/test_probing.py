@@ -153,7 +153,11 @@ def test_a_never_used_peer_comes_back_after_a_carrier_flap(tmp_path):
         neigh = lab.tb.exec(0, ["ip", "neigh", "show", "dev", dev, "to", lab.tb.addr(1, 0, 1)]).stdout
         assert "lladdr" not in neigh, neigh
         lab.tb.carrier(1, 1, True)
-        deadline = time.monotonic() + 5
+        # a chain of once-a-second tasks (the next hop asked for, its entry
+        # seen, the probe frame built, the idle peer's dead paths looked at)
+        # then three probe replies: a few seconds; without the resolution
+        # never (and not at the agent's 10 s rescan either)
+        deadline = time.monotonic() + 10
         while time.monotonic() < deadline and any(x["state"] != "GOOD" for x in lab.paths(0)):
             time.sleep(0.2)
         assert all(x["state"] == "GOOD" for x in lab.paths(0)), lab.paths(0)
