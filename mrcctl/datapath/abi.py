@@ -556,8 +556,15 @@ def effective_state(path: Path, live: PathLive) -> int:
 
 def path_usable(path: Path, live: PathLive) -> bool:
     """May the datapath spray on this path? The control plane's copy of
-    path_usable() in bpf/path.h: every Python caller asks this."""
-    return path.ifindex != 0 and path.family in (4, 6) and effective_state(path, live) == PathState.GOOD
+    path_usable() in bpf/path.h: every Python caller asks this (or
+    usable_fields, with the fields read from raw map values)."""
+    return usable_fields(path.ifindex, path.family, path.admin, live.state)
+
+
+def usable_fields(ifindex: int, family: int, admin: int, state: int) -> bool:
+    """path_usable() on the four fields it reads."""
+    return ifindex != 0 and family in (4, 6) and \
+        (PathState.DENIED if admin == PathState.DENIED else state) == PathState.GOOD
 
 
 @_struct

@@ -90,18 +90,6 @@ class Datapath:
         return abi.PathCounters.of(self.map("mrc_path_stats").lookup_percpu(key),
                                    self.map("mrc_path_cnt").lookup(key))
 
-    def paths_of(self, peer: int, n_paths: int) -> list[tuple[abi.Path, abi.PathLive]]:
-        """path() of the peer's paths 0..n_paths-1, in three system calls."""
-        first = self.path_idx(peer, 0)
-        out = []
-        for e, a, lv in zip(self.map("mrc_paths").lookup_range(first, n_paths),
-                            self.map("mrc_admin").lookup_range(first, n_paths),
-                            self.map("mrc_live").lookup_range(first, n_paths)):
-            p = abi.Path.unpack(e)
-            p.admin = abi.unpack_u32(a)
-            out.append((p, abi.PathLive.unpack(lv)))
-        return out
-
     def usable(self, peer: int, path_id: int) -> bool:
         return abi.path_usable(*self.path(peer, path_id))
 

@@ -170,12 +170,11 @@ def rebuild_slots(dp: Datapath, cfg: cfgmod.Config, peers=None) -> None:
         for k in range(base, base + len(peer.paths)):
             at = k * pv
             weight = _U32.unpack_from(ents, at + _PATH_AT["weight"])[0]
-            denied = _U32.unpack_from(admins, k * av)[0] == wire.PathState.DENIED
-            state = wire.PathState.DENIED if denied else _U32.unpack_from(lives, k * lv + _LIVE_AT["state"])[0]
-            # abi.path_usable() on the three fields it reads
-            usable = _U32.unpack_from(ents, at + _PATH_AT["ifindex"])[0] != 0 and \
-                ents[at + _PATH_AT["family"]] in (4, 6) and state == wire.PathState.GOOD
-            fallback.append(0 if denied else weight)
+            admin = _U32.unpack_from(admins, k * av)[0]
+            usable = wire.usable_fields(_U32.unpack_from(ents, at + _PATH_AT["ifindex"])[0],
+                                        ents[at + _PATH_AT["family"]], admin,
+                                        _U32.unpack_from(lives, k * lv + _LIVE_AT["state"])[0])
+            fallback.append(0 if admin == wire.PathState.DENIED else weight)
             weights.append(weight if usable else 0)
         if sum(weights) == 0:
             weights = fallback
