@@ -32,4 +32,17 @@ static __always_inline void ipv4_csum_set(struct iphdr *iph)
 	iph->check = csum_fold(sum);
 }
 
+/* RFC 1624's incremental update, HC' = ~(~HC + ~m + m'), of the checksum
+ * at check for a 32-bit field changed from `from` to `to` (both as loaded
+ * from the packet): the one's complement sum over the covered bytes is
+ * unchanged, so a full checksum stays right and so does an skb's
+ * CHECKSUM_COMPLETE sum. */
+static __always_inline void csum_replace4(__u16 *check, __u32 from, __u32 to)
+{
+	__u32 sum = (__u16)~*check;
+
+	sum += (__u16)~from + (__u16)~(from >> 16) + (__u16)to + (__u16)(to >> 16);
+	*check = csum_fold(sum);
+}
+
 #endif /* MRC_CSUM_H */

@@ -29,6 +29,7 @@
  *   mrc_slots       spray.h
  *   mrc_flowlets    spray.h
  *   mrc_tx_flows    retx.h
+ *   mrc_rx_flows    paws.h
  *   mrc_path_delay  evidence.h
  *   mrc_dedup       dedup.h
  *   mrc_rx_win      reorder.h
@@ -51,6 +52,7 @@
 #include "events.h"
 #include "spray.h"
 #include "retx.h"
+#include "paws.h"
 #include "evidence.h"
 #include "dedup.h"
 #include "reorder.h"

@@ -175,6 +175,8 @@ struct mrc_config {
 #define MRC_CFG_HEDGE_ALL	0x04	/* hedge every unit (duplicate-send mode) */
 #define MRC_CFG_FB_FRAMES	0x08	/* mrc_rx_tc sends feedback frames for paths
 					 * reverse data leaves unechoed (feedback.h) */
+#define MRC_CFG_PAWS_GUARD	0x10	/* lift inner TCP timestamps PAWS would
+					 * refuse after reordering (paws.h) */
 
 /* mrc_peers: ARRAY[peers]. n_paths == 0 marks a free entry. Every
  * field: agent; its writers rewrite the whole entry (loader at `up`, slot
@@ -618,6 +620,18 @@ struct mrc_tx_flows {
 	__u64	hi[MRC_TX_FLOWS];
 };
 
+/*
+ * mrc_rx_flows: HASH[peers], receiver side: per inner TCP flow from the
+ * peer (hashed into MRC_RX_FLOWS slots) the flow's hash in the high 32
+ * bits and the newest TCP timestamp (TSval) delivered in the low 32, one
+ * __u64 per slot (bpf/paws.h). Receive CPUs race on a slot; a lost update
+ * costs one segment the guard does not lift. Writer: mrc_rx (paws.h).
+ */
+#define MRC_RX_FLOWS		64
+struct mrc_rx_flows {
+	__u64	ts[MRC_RX_FLOWS];
+};
+
 /* mrc_hstats: PERCPU_ARRAY[1]. */
 struct mrc_hstats {
 	__u64	hedged;		/* units sent twice; writer: mrc_tx (hedge.h) */
@@ -649,6 +663,9 @@ struct mrc_hstats {
 				 * (feedback.h) */
 	__u64	fb_limited;	/* feedback frames the per-peer rate refused;
 				 * writer: mrc_rx_tc (feedback.h) */
+	__u64	paws_lifted;	/* inner TCP timestamps lifted so that PAWS
+				 * keeps a reordered segment; writer: mrc_rx
+				 * (paws.h) */
 };
 
 /*

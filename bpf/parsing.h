@@ -273,6 +273,22 @@ static __always_inline __u32 l3_fold(const __be32 *a)
 	return a[0] ^ a[1] ^ a[2] ^ a[3];
 }
 
+#define FLOW_HASH_MUL	0x9E3779B1u	/* golden ratio: Fibonacci hashing */
+#define FLOW_HASH_V6_SALT 0x5bd1e995u	/* inner IPv6 flows (murmur2's constant) */
+
+/* A flow's 32-bit hash for the per-peer flow slots (retx.h, paws.h): its
+ * addresses (IPv6: folded) and (source << 16 | dest) of the raw
+ * network-order ports, as loaded; the top bits pick the slot, the whole
+ * hash tags it. The salt keeps an IPv6 flow off an IPv4 one whose
+ * addresses xor to the same (fd99::1 / fd99::2 and 10.99.0.1 / 10.99.0.2
+ * do). */
+static __always_inline __u32 l3_flow_hash(const struct l3_flow *fl)
+{
+	return (l3_fold(fl->saddr) ^ l3_fold(fl->daddr) ^
+		((fl->ports & 0xffff) << 16 | fl->ports >> 16) ^
+		(fl->family == 6 ? FLOW_HASH_V6_SALT : 0)) * FLOW_HASH_MUL;
+}
+
 /* Returns the UDP length field (host order) or -1. */
 static __always_inline int parse_udphdr(struct hdr_cursor *nh, void *data_end,
 					struct udphdr **udphdr)

@@ -23,9 +23,7 @@
 #include "stats.h"
 #include "parsing.h"
 
-#define RETX_HASH_MUL	0x9E3779B1u	/* golden ratio: Fibonacci hashing */
 #define RETX_HASH_SHIFT	26		/* top 6 bits pick one of MRC_TX_FLOWS */
-#define RETX_V6_SALT	0x5bd1e995u	/* inner IPv6 flows (murmur2's constant) */
 
 /* Per peer: flow hash << 32 | end of the highest sequence sent. Writer:
  * mrc_tx (retx.h) only. TCP sends a flow from one CPU at a time (socket
@@ -43,8 +41,7 @@ struct {
 static struct mrc_tx_flows retx_empty;
 
 /* Is this TCP unit (payload [seq, seq + len)) a retransmission? Records
- * the new high otherwise. The flow is its addresses (IPv6: folded,
- * l3_fold) and ports. */
+ * the new high otherwise. */
 static __always_inline bool retx_check(__u32 peer_idx, const struct l3_flow *fl,
 				       __u32 seq, __u32 len)
 {
@@ -61,12 +58,7 @@ static __always_inline bool retx_check(__u32 peer_idx, const struct l3_flow *fl,
 	}
 	if (!f)
 		return false;
-	/* (source << 16 | dest) of the raw network-order ports, as loaded;
-	 * the salt keeps an IPv6 flow off an IPv4 one whose addresses xor to
-	 * the same (fd99::1 / fd99::2 and 10.99.0.1 / 10.99.0.2 do) */
-	h = (l3_fold(fl->saddr) ^ l3_fold(fl->daddr) ^
-	     ((fl->ports & 0xffff) << 16 | fl->ports >> 16) ^
-	     (fl->family == 6 ? RETX_V6_SALT : 0)) * RETX_HASH_MUL;
+	h = l3_flow_hash(fl);
 	slot = &f->hi[(h >> RETX_HASH_SHIFT) & (MRC_TX_FLOWS - 1)];
 	v = *slot;
 	if ((__u32)(v >> 32) == h && (__s32)(end - (__u32)v) <= 0)

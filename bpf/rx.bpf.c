@@ -64,6 +64,8 @@ static __always_inline __u32 rx_probe_reply(const struct mrc_config *cfg,
 struct rx_inner {
 	struct l3_flow	fl;	/* addresses, protocol, ports: owner check, MAC */
 	__u32	tcp_seq;	/* inner TCP sequence number (host order), if seq_ok */
+	__u32	tcp_off;	/* bytes from data to the inner TCP header, if
+				 * tcp_end */
 	__u32	tcp_end;	/* bytes from data to the end of the inner TCP
 				 * header; 0: no whole TCP header in the frame */
 	__u16	ipid;		/* inner IPv4 ID (host order); 0 for IPv6 */
@@ -80,6 +82,7 @@ static __always_inline void rx_inner_of(const struct l3_desc *in, void *data, vo
 	ri->tos = in->tos;
 	ri->ipid = in->family == 4 ? bpf_ntohs(in->ip4->id) : 0;
 	ri->tcp_seq = 0;
+	ri->tcp_off = 0;
 	ri->tcp_end = 0;
 	ri->seq_ok = 0;
 	if (in->proto != IPPROTO_TCP)
@@ -88,8 +91,10 @@ static __always_inline void rx_inner_of(const struct l3_desc *in, void *data, vo
 		ri->tcp_seq = bpf_ntohl(tcph->seq);
 		ri->seq_ok = 1;
 	}
-	if ((void *)(tcph + 1) <= data_end)
-		ri->tcp_end = (void *)tcph - data + tcph->doff * 4;
+	if ((void *)(tcph + 1) <= data_end) {
+		ri->tcp_off = (void *)tcph - data;
+		ri->tcp_end = ri->tcp_off + tcph->doff * 4;
+	}
 }
 
 /* The inner packet at offset off of the frame (behind the MRC header and
@@ -424,6 +429,20 @@ static __always_inline __u32 rx_process(void *ctx, bool tc, void *data, void *da
 		return RX_V(RX_DROP, MRC_R_RX_DUPLICATE);
 	if (acc == RX_ACC_AHEAD)
 		done = MRC_R_RX_HEDGE_AHEAD;
+
+	/* Reordering across paths must not make TCP's PAWS drop data that
+	 * arrived (bpf/paws.h). Not a pure ACK: PAWS lets a disordered one
+	 * pass, and a lifted ACK timestamp, echoed back in the data, makes
+	 * the data's receiver measure its RTT short and size its receive
+	 * window too small (on the fabric: 0.73 Gbit/s instead of 1.1). */
+	if ((cfg->flags & MRC_CFG_PAWS_GUARD) && ri.tcp_end && len > ri.tcp_end &&
+	    ri.tcp_off <= RX_INNER_OFF_MAX + 60) {
+		struct tcphdr *tcph = data + ri.tcp_off;
+
+		if ((void *)(tcph + 1) <= data_end &&
+		    paws_guard(peer_idx, &ri.fl, tcph, data_end))
+			HSTAT_INC(paws_lifted);
+	}
 
 	/* ECN: the fabric's CE reaches the inner packet (bpf/ecn.h). */
 	ecn = ecn_decap(f->l3.tos, ri.tos);

@@ -53,7 +53,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests" / "integration"))
 
 from lab import UDPSEQ, XFER, Lab  # noqa: E402
-from scripts import preflight  # noqa: E402
+from scripts import preflight, write_section  # noqa: E402
 from mrcctl.lab.testbed import Testbed  # noqa: E402
 
 PORT = 5001
@@ -639,8 +639,6 @@ def write_matrix_md(results: dict, a, out: Path) -> None:
             f"| {(s.get('false_retired') or {}).get('max', '–')} | {fmt(s, 'inner_lost')} "
             f"| {(s.get('gbps') or {}).get('median', '–')} |")
     text = [
-        "# Failover trials: direct planes, a routed fabric, one-way UDP",
-        "",
         "Commands (each row was produced by one of them):",
         "",
         *sorted({f"* `{r['command']}` ({r['date']})" for r in results.values()}),
@@ -671,9 +669,10 @@ def write_matrix_md(results: dict, a, out: Path) -> None:
         "equals the paths whose forward direction crosses the fault; *false retirements* = paths retired "
         "that do not cross it (per trial); *inner pkts lost* = wire PSNs the receiver never got in any "
         "copy (mrc's reorder window).",
-        "",
     ]
-    (out / "failover-trials.md").write_text("\n".join(text) + "\n")
+    # what the runs showed is written by hand around the generated part
+    write_section(out / "failover-trials.md", "Failover trials: direct planes, a routed fabric, one-way UDP",
+                  "<!-- bench_failover --matrix: generated -->", "<!-- end bench_failover -->", text)
 
 
 def main() -> int:

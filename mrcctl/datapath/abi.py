@@ -60,8 +60,10 @@ MRC_CFG_LIVENESS = 0x01
 MRC_CFG_HEDGE = 0x02
 MRC_CFG_HEDGE_ALL = 0x04
 MRC_CFG_FB_FRAMES = 0x08
+MRC_CFG_PAWS_GUARD = 0x10
 MRC_DEDUP_WORDS = 512       # hedged-unit duplicate filter: 512 words of 32 PSNs
 MRC_TX_FLOWS = 64           # sender: highest TCP sequence per inner flow, slots per peer
+MRC_RX_FLOWS = 64           # receiver: newest TCP timestamp per inner flow, slots per peer
 
 MRC_PROBE_RING = 8            # outstanding probes per path whose nonces rx knows
 MRC_PROBE_BATCH = 256         # probes per run of the probe generator (bpf/probe_gen.bpf.c)
@@ -217,8 +219,10 @@ def c_constants() -> dict[str, int]:
         "MRC_CFG_HEDGE": MRC_CFG_HEDGE,
         "MRC_CFG_HEDGE_ALL": MRC_CFG_HEDGE_ALL,
         "MRC_CFG_FB_FRAMES": MRC_CFG_FB_FRAMES,
+        "MRC_CFG_PAWS_GUARD": MRC_CFG_PAWS_GUARD,
         "MRC_DEDUP_WORDS": MRC_DEDUP_WORDS,
         "MRC_TX_FLOWS": MRC_TX_FLOWS,
+        "MRC_RX_FLOWS": MRC_RX_FLOWS,
         "MRC_R_MAX": MRC_R_MAX,
         "MRC_OWNER_LOCAL": MRC_OWNER_LOCAL,
         "MRC_PROBE_RING": MRC_PROBE_RING,
@@ -823,7 +827,7 @@ class HealthStats(_Counters):
     LAYOUT: ClassVar = tuple((n, "Q") for n in (
         "hedged", "hedge_no_path", "dedup_drops", "dead", "recovered", "min_active_held",
         "fallback", "events_lost", "retx_steered", "rx_gso_units", "rx_gso_segs", "ecn_avoided",
-        "fb_frames", "fb_limited"))
+        "fb_frames", "fb_limited", "paws_lifted"))
 
 
 @_struct
@@ -841,6 +845,13 @@ class TxFlows(_Struct):
     """struct mrc_tx_flows: flow hash << 32 | end of the highest sequence sent."""
     C_NAME: ClassVar[str] = "mrc_tx_flows"
     LAYOUT: ClassVar = (("hi", f"{MRC_TX_FLOWS * 8}s"),)
+
+
+@_struct
+class RxFlows(_Struct):
+    """struct mrc_rx_flows: flow hash << 32 | newest TCP timestamp delivered."""
+    C_NAME: ClassVar[str] = "mrc_rx_flows"
+    LAYOUT: ClassVar = (("ts", f"{MRC_RX_FLOWS * 8}s"),)
 
 
 @_struct
@@ -930,7 +941,7 @@ ALL_STRUCTS: tuple[type[_Struct], ...] = (
     MrcHdr, Config, Peer, Slots, Path, PathLive, PeerSeq, PathStats, PathCnt, RxKey, RxPeer,
     RxWin, Reorder, FlowletKey, Flowlet, PathDelay, OvlKey, ProbeNonce)
 # path health (bpf/judge.h, bpf/evidence.h)
-ALL_STRUCTS += (Event, HealthStats, Dedup, TxFlows)
+ALL_STRUCTS += (Event, HealthStats, Dedup, TxFlows, RxFlows)
 # issue #13.9 / #13.10: bpf/auth.h, bpf/acl.h
 ALL_STRUCTS += (AuthInner, AuthKey, AclRule, Acl)
 # bpf/congest.h

@@ -19,7 +19,7 @@ RX_PROG = "mrc_rx"
 RX_TC_PROG = "mrc_rx_tc"     # the same receive steps at tc ingress (plane[].rx_hook)
 MAP_NAMES = ("mrc_cfg", "mrc_peers", "mrc_slots", "mrc_paths", "mrc_live", "mrc_peer_seq",
              "mrc_path_stats", "mrc_drops", "mrc_peer_ip", "mrc_rx_peers", "mrc_events",
-             "mrc_dedup", "mrc_hstats", "mrc_tx_flows",
+             "mrc_dedup", "mrc_hstats", "mrc_tx_flows", "mrc_rx_flows",
              "mrc_rx_win", "mrc_reorder", "mrc_flowlets", "mrc_path_delay",
              "mrc_ovl_owner", "mrc_probe_nonce", "mrc_admin", "mrc_rx_epoch",
              "mrc_probe_rl", "mrc_auth", "mrc_acl", "mrc_path_mtu", "mrc_path_cnt",
@@ -30,7 +30,7 @@ MAP_NAMES = ("mrc_cfg", "mrc_peers", "mrc_slots", "mrc_paths", "mrc_live", "mrc_
 # index, per (peer, path) index, or a multiple of the peers. Every other map
 # keeps the size its definition compiles in. The definitions in bpf/*.h use
 # the same formulas at the compiled default (tests/unit/test_wire.py).
-PER_PEER = ("mrc_peers", "mrc_peer_seq", "mrc_tx_flows", "mrc_rx_win", "mrc_reorder", "mrc_dedup",
+PER_PEER = ("mrc_peers", "mrc_peer_seq", "mrc_tx_flows", "mrc_rx_flows", "mrc_rx_win", "mrc_reorder", "mrc_dedup",
             "mrc_rx_epoch", "mrc_auth")
 PER_PATH = ("mrc_paths", "mrc_live", "mrc_admin", "mrc_path_stats", "mrc_path_cnt", "mrc_path_delay",
             "mrc_probe_nonce", "mrc_path_mtu", "mrc_path_cong")

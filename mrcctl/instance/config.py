@@ -220,6 +220,9 @@ class Config:
     # overlay.prefixes: networks served here besides the overlay addresses
     # (pods behind this host), which peers may send to
     overlay_prefixes: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = ()
+    # overlay.paws_guard: lift a delivered TCP segment's timestamp that
+    # reordering across paths left older than PAWS accepts (bpf/paws.h)
+    paws_guard: bool = True
 
     @property
     def overlay_address(self) -> ipaddress.IPv4Interface | ipaddress.IPv6Interface:
@@ -477,7 +480,8 @@ def _build(doc: dict, source: str, digest: str) -> Config:
     overlay = _typed("overlay", doc.get("overlay", None) or {}, dict)
     if "overlay" not in doc:
         raise ConfigError("overlay: missing table [overlay]")
-    _check_keys("overlay", overlay, {"device", "address", "mtu", "udp_port", "gso_max_size", "prefixes"})
+    _check_keys("overlay", overlay, {"device", "address", "mtu", "udp_port", "gso_max_size", "prefixes",
+                                     "paws_guard"})
     device = _ifname("overlay.device", overlay.get("device", "mrc0"))
     if len(device) > 14:
         raise ConfigError(f"overlay.device: {device!r} is longer than 14 characters")
@@ -549,7 +553,8 @@ def _build(doc: dict, source: str, digest: str) -> Config:
                   metrics_per_path=_metrics_per_path(doc.get("metrics", {})),
                   weights=_weights(doc.get("weights", {})), gso_max_size=gso_max_size,
                   key_file=_security(doc.get("security", {})), peers_dir=peers_dir, file_digest=digest,
-                  max_peers=max_peers, max_paths_per_peer=max_paths)
+                  max_peers=max_peers, max_paths_per_peer=max_paths,
+                  paws_guard=_typed("overlay.paws_guard", overlay.get("paws_guard", True), bool))
 
 
 def _peers_table(t) -> str | None:

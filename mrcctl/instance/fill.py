@@ -21,7 +21,7 @@ from .slots import set_slots, set_slots_many
 # follow the peer, never stay with the index (issue #13.3).
 PATH_STATE = ("mrc_live", "mrc_admin", "mrc_path_delay", "mrc_path_stats", "mrc_path_cnt", "mrc_probe_nonce",
               "mrc_path_cong")
-PEER_STATE = ("mrc_peer_seq", "mrc_tx_flows", "mrc_rx_win", "mrc_dedup", "mrc_reorder", "mrc_rx_epoch")
+PEER_STATE = ("mrc_peer_seq", "mrc_tx_flows", "mrc_rx_flows", "mrc_rx_win", "mrc_dedup", "mrc_reorder", "mrc_rx_epoch")
 
 
 def fill_maps(dp: Datapath, cfg: cfgmod.Config, planes: list[PlaneRuntime], overlay_ifindex: int,
@@ -30,7 +30,8 @@ def fill_maps(dp: Datapath, cfg: cfgmod.Config, planes: list[PlaneRuntime], over
     flags = (wire.MRC_CFG_LIVENESS if cfg.health.liveness else 0) | \
         (wire.MRC_CFG_HEDGE if cfg.health.hedge else 0) | \
         (wire.MRC_CFG_HEDGE_ALL if cfg.health.hedge == "always" else 0) | \
-        (wire.MRC_CFG_FB_FRAMES if cfg.health.feedback_frames else 0)
+        (wire.MRC_CFG_FB_FRAMES if cfg.health.feedback_frames else 0) | \
+        (wire.MRC_CFG_PAWS_GUARD if cfg.paws_guard else 0)
     old_cfg = dp.map("mrc_cfg").lookup(wire.u32(0))
     dp.map("mrc_cfg").update(wire.u32(0), wire.Config(
         udp_port=cfg.udp_port, overlay_ifindex=overlay_ifindex,
