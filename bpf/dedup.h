@@ -59,12 +59,7 @@ static struct mrc_dedup dedup_empty;
  * full or out of memory: the packet is then delivered, see dedup_seen). */
 static __always_inline struct mrc_dedup *dedup_of(__u32 peer_idx)
 {
-	struct mrc_dedup *d = bpf_map_lookup_elem(&mrc_dedup, &peer_idx);
-
-	if (d || peer_idx >= MRC_PEERS)
-		return d;
-	bpf_map_update_elem(&mrc_dedup, &peer_idx, &dedup_empty, BPF_NOEXIST);
-	return bpf_map_lookup_elem(&mrc_dedup, &peer_idx);
+	return peer_entry(&mrc_dedup, peer_idx, &dedup_empty);
 }
 
 /* Has wire PSN `psn` of a hedged unit from this peer been seen? Marks it

@@ -62,11 +62,7 @@ static __always_inline int paws_guard(__u32 peer_idx, const struct l3_flow *fl,
 	if (tcph->doff < 8 || (void *)(opt + 3) > data_end ||
 	    opt[0] != bpf_htonl(PAWS_OPT_NOP_NOP_TS))
 		return 0;
-	f = bpf_map_lookup_elem(&mrc_rx_flows, &peer_idx);
-	if (!f && peer_idx < MRC_PEERS) {
-		bpf_map_update_elem(&mrc_rx_flows, &peer_idx, &paws_empty, BPF_NOEXIST);
-		f = bpf_map_lookup_elem(&mrc_rx_flows, &peer_idx);
-	}
+	f = peer_entry(&mrc_rx_flows, peer_idx, &paws_empty);
 	if (!f)
 		return 0;
 	ts = bpf_ntohl(opt[1]);

@@ -163,17 +163,13 @@ static __always_inline __u32 reorder_ahead(__u32 peer_idx, __u32 psn)
 static __always_inline int reorder_account(__u32 peer_idx, __u32 path_id, __u32 psn,
 					   struct mrc_peer_seq *seq)
 {
-	struct mrc_rx_win *w = bpf_map_lookup_elem(&mrc_rx_win, &peer_idx);
 	struct mrc_reorder *ro = bpf_map_lookup_elem(&mrc_reorder, &peer_idx);
+	/* the peer's first packet makes an empty window (started 0) */
+	struct mrc_rx_win *w = ro ? peer_entry(&mrc_rx_win, peer_idx, &ro_empty) : NULL;
 	__u64 bit, old;
 	__u32 max, i;
 	__s32 d;
 
-	if (!w && ro && peer_idx < MRC_PEERS) {
-		/* the peer's first packet: an empty window (started 0) */
-		bpf_map_update_elem(&mrc_rx_win, &peer_idx, &ro_empty, BPF_NOEXIST);
-		w = bpf_map_lookup_elem(&mrc_rx_win, &peer_idx);
-	}
 	if (!w || !ro)
 		return RO_NEW;
 	ro->rx_packets += 1;

@@ -51,11 +51,7 @@ static __always_inline bool retx_check(__u32 peer_idx, const struct l3_flow *fl,
 
 	if (len == 0)
 		return false;
-	f = bpf_map_lookup_elem(&mrc_tx_flows, &peer_idx);
-	if (!f && peer_idx < MRC_PEERS) {
-		bpf_map_update_elem(&mrc_tx_flows, &peer_idx, &retx_empty, BPF_NOEXIST);
-		f = bpf_map_lookup_elem(&mrc_tx_flows, &peer_idx);
-	}
+	f = peer_entry(&mrc_tx_flows, peer_idx, &retx_empty);
 	if (!f)
 		return false;
 	h = l3_flow_hash(fl);

@@ -30,4 +30,18 @@ const volatile struct mrc_sizing mrc_sizing SEC(".rodata.sizing") = {
 #define MRC_N_PEER_ENTRIES	MRC_DEFAULT_PEERS
 #define MRC_N_PATH_ENTRIES	(MRC_DEFAULT_PEERS * MRC_MAX_PATHS)
 
+/* peer_idx's entry in a per-peer hash map without preallocation, made
+ * from `empty` on the peer's first use (a peer that never needs it costs
+ * nothing); NULL beyond the sizing or when the map is full. Two CPUs
+ * making it at once: BPF_NOEXIST lets one write, both read that one. */
+static __always_inline void *peer_entry(void *map, __u32 peer_idx, const void *empty)
+{
+	void *v = bpf_map_lookup_elem(map, &peer_idx);
+
+	if (v || peer_idx >= MRC_PEERS)
+		return v;
+	bpf_map_update_elem(map, &peer_idx, empty, BPF_NOEXIST);
+	return bpf_map_lookup_elem(map, &peer_idx);
+}
+
 #endif /* MRC_SIZING_H */
