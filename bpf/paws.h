@@ -13,8 +13,8 @@
  * RTOs in 30 failover trials, one of them with no fault at all).
  *
  * So the receiver keeps, per inner flow, the newest TSval it delivered
- * and lifts an older one to one tick below it (the checksum follows,
- * csum_replace4). PAWS still refuses what it exists for - segments a
+ * and lifts a data segment's older one to one tick below it (the checksum
+ * follows, csum_replace4; the caller leaves pure ACKs alone, rx.bpf.c). PAWS still refuses what it exists for - segments a
  * full sequence wrap old: PAWS_GUARD_TICKS bounds how far back a
  * timestamp is lifted. Only the layout Linux and most stacks send is
  * recognised (NOP, NOP, timestamps first among the options).
