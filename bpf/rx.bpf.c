@@ -432,9 +432,9 @@ static __always_inline __u32 rx_process(void *ctx, bool tc, void *data, void *da
 
 	/* Reordering across paths must not make TCP's PAWS drop data that
 	 * arrived (bpf/paws.h). Not a pure ACK: PAWS lets a disordered one
-	 * pass, and a lifted ACK timestamp, echoed back in the data, makes
-	 * the data's receiver measure its RTT short and size its receive
-	 * window too small (on the fabric: 0.73 Gbit/s instead of 1.1). */
+	 * pass, and a lifted ACK timestamp, echoed back in the data, would
+	 * make the data's receiver measure its RTT short (it sizes its
+	 * receive window by it). */
 	if ((cfg->flags & MRC_CFG_PAWS_GUARD) && ri.tcp_end && len > ri.tcp_end &&
 	    ri.tcp_off <= RX_INNER_OFF_MAX + 60) {
 		struct tcphdr *tcph = data + ri.tcp_off;
