@@ -123,7 +123,7 @@ def machine_cpu(fn) -> tuple[dict, float, float]:
 
 
 NSTAT_KEYS = ("TcpRetransSegs", "TcpOutSegs", "TcpExtTCPSACKReorder", "TcpExtTCPDSACKRecv",
-              "TcpExtTCPDSACKRecvSegs")
+              "TcpExtTCPDSACKRecvSegs", "TcpTimeouts", "TcpExtTCPSpuriousRTOs")
 
 
 def throttles(lab: Lab) -> int:

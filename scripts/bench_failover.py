@@ -380,11 +380,15 @@ MATRIX_SCENARIOS = {
     # data: only feedback frames tell the sender's judge what arrived)
     "oneway": dict(planes=4, evs=2, rates="500mbit", fabric=None, udp=True),
 }
-MATRIX_METHODS = {"direct": ["mrc", "mptcp", "ecmp"], "fabric": ["mrc", "mptcp", "tcp"],
+# mptcp-rto5: MPTCP with the RTO floor mrc gives its overlay routes
+# (overlay.rto_min_ms, 5 ms), here as the namespace's tcp_rto_min_us: how
+# much of a difference is that floor, and how much the path model
+MATRIX_METHODS = {"direct": ["mrc", "mptcp", "mptcp-rto5", "ecmp"], "fabric": ["mrc", "mptcp", "mptcp-rto5", "tcp"],
                   "oneway": ["mrc", "ecmp"]}
 TRIAL_SECS, TRIAL_FAULT_AT = 3.2, 1.0
 UDP_MBIT, UDP_SIZE = 400, 1400
 ECMP_DST = "10.250.0.2"
+MPTCP_RTO_MIN_US = 5000
 
 class Scenario:
     """One testbed (mrc up on both hosts, so every method runs on the same
@@ -443,8 +447,11 @@ class Scenario:
             return self.lab.overlay(1)
         if method == "tcp":
             return tb.addr(1, 0, 0)
-        if method == "mptcp":
+        if method.startswith("mptcp"):
             mptcp_setup(tb)
+            if method == "mptcp-rto5":
+                for i in (0, 1):
+                    tb.exec(i, ["sysctl", "-qw", f"net.ipv4.tcp_rto_min_us={MPTCP_RTO_MIN_US}"])
             return tb.addr(1, 0, 0)
         tb.exec(1, ["ip", "addr", "replace", f"{ECMP_DST}/32", "dev", "lo"])
         tb.exec(0, ["sysctl", "-qw", "net.ipv4.fib_multipath_hash_policy=1"])
@@ -456,9 +463,10 @@ class Scenario:
 
     def teardown(self, method: str) -> None:
         tb = self.lab.tb
-        if method == "mptcp":
+        if method.startswith("mptcp"):
             for i in (0, 1):
                 tb.exec(i, ["ip", "mptcp", "endpoint", "flush"], check=False)
+                tb.exec(i, ["sysctl", "-qw", "net.ipv4.tcp_rto_min_us=200000"], check=False)
         if method == "ecmp":
             tb.exec(0, ["ip", "route", "del", f"{ECMP_DST}/32"], check=False)
             tb.exec(1, ["ip", "addr", "del", f"{ECMP_DST}/32", "dev", "lo"], check=False)
@@ -505,7 +513,7 @@ def run_trial(sc: Scenario, method: str, dst: str, k: int, tmp: Path) -> dict:
         n0 = None
     else:
         tl = tmp / f"timeline-{k}.json"
-        wrap = ["mptcpize", "run"] if method == "mptcp" else []
+        wrap = ["mptcpize", "run"] if method.startswith("mptcp") else []
         ready = tmp / f"ready-{k}"
         recv = tb.popen(1, [*wrap, sys.executable, XFER, "recv", "--bind", "0.0.0.0", "--port", str(port),
                             "--timeout", "30", "--timeline", str(tl), "--ready-file", str(ready)],

@@ -223,6 +223,9 @@ class Config:
     # overlay.paws_guard: lift a delivered TCP segment's timestamp that
     # reordering across paths left older than PAWS accepts (bpf/paws.h)
     paws_guard: bool = True
+    # overlay.rto_min_ms: the RTO floor the routes to peers give inner TCP
+    # (the route metric rto_min); 0 = the kernel's own (200 ms)
+    rto_min_ms: int = 5
 
     @property
     def overlay_address(self) -> ipaddress.IPv4Interface | ipaddress.IPv6Interface:
@@ -481,7 +484,7 @@ def _build(doc: dict, source: str, digest: str) -> Config:
     if "overlay" not in doc:
         raise ConfigError("overlay: missing table [overlay]")
     _check_keys("overlay", overlay, {"device", "address", "mtu", "udp_port", "gso_max_size", "prefixes",
-                                     "paws_guard"})
+                                     "paws_guard", "rto_min_ms"})
     device = _ifname("overlay.device", overlay.get("device", "mrc0"))
     if len(device) > 14:
         raise ConfigError(f"overlay.device: {device!r} is longer than 14 characters")
@@ -554,7 +557,8 @@ def _build(doc: dict, source: str, digest: str) -> Config:
                   weights=_weights(doc.get("weights", {})), gso_max_size=gso_max_size,
                   key_file=_security(doc.get("security", {})), peers_dir=peers_dir, file_digest=digest,
                   max_peers=max_peers, max_paths_per_peer=max_paths,
-                  paws_guard=_typed("overlay.paws_guard", overlay.get("paws_guard", True), bool))
+                  paws_guard=_typed("overlay.paws_guard", overlay.get("paws_guard", True), bool),
+                  rto_min_ms=_int_in("overlay.rto_min_ms", overlay.get("rto_min_ms", 5), 0, 1000))
 
 
 def _peers_table(t) -> str | None:

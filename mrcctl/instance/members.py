@@ -265,7 +265,7 @@ def add_peer(dp: Datapath, nl, cfg: cfgmod.Config, p: cfgmod.Peer, by_dev: dict,
     for net in p.owned():
         dp.map("mrc_peer_ip").update(wire.OvlKey.of(net).pack(), wire.u32(p.index))
     for net in p.owned():
-        nl.route_replace(str(net), cfg.overlay_device)
+        nl.route_replace(str(net), cfg.overlay_device, cfg.rto_min_ms)
 
 
 def remove_peer(dp: Datapath, nl, overlay_device: str, overlay: str, index: int) -> list[str]:

@@ -342,7 +342,7 @@ def _apply(cfg, inst, nl, planes, mtu, digest, prior, neigh_wait: float = NEIGH_
     routes = set(state.get("routes", []))
     want_routes = {str(net) for peer in cfg.peers for net in peer.owned()}
     for r in sorted(want_routes):
-        _step(f"adding route {r}", nl.route_replace, r, cfg.overlay_device)
+        _step(f"adding route {r}", nl.route_replace, r, cfg.overlay_device, cfg.rto_min_ms)
     for r in sorted(routes - want_routes):
         nl.route_delete(r, cfg.overlay_device)
     state["routes"] = sorted(want_routes)

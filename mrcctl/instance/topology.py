@@ -27,6 +27,7 @@ TC_PRIO = 1
 TC_HANDLE = 1
 IFF_NOARP = 0x80
 IFA_F_NODAD = 0x02
+RTAX_RTO_MIN = 13           # linux/rtnetlink.h: the route metric TCP reads as its RTO floor
 
 
 class TopologyError(RuntimeError):
@@ -145,11 +146,15 @@ class Netlink:
         return True
 
     # ------------------------------------------------------------ routes
-    def route_replace(self, dst: str, device: str) -> None:
+    def route_replace(self, dst: str, device: str, rto_min_ms: int = 0) -> None:
+        """Route `dst` out of `device`; rto_min_ms > 0 also gives TCP over
+        it that RTO floor (the locked route metric, `ip route ... rto_min`;
+        0 replaces the route without it, so TCP keeps its own)."""
+        kw = {"metrics": {"lock": 1 << RTAX_RTO_MIN, "rto_min": rto_min_ms}} if rto_min_ms else {}
         if ":" in dst:
-            self.ipr.route("replace", dst=dst, oif=self.index(device), family=socket.AF_INET6)
+            self.ipr.route("replace", dst=dst, oif=self.index(device), family=socket.AF_INET6, **kw)
         else:
-            self.ipr.route("replace", dst=dst, oif=self.index(device), scope="link")
+            self.ipr.route("replace", dst=dst, oif=self.index(device), scope="link", **kw)
 
     def route_delete(self, dst: str, device: str) -> None:
         idx = self.index(device)

@@ -266,3 +266,57 @@ def test_hedged_blackhole_loses_nothing(lab, tmp_path):
         for i in (0, 1):
             lab.write_config(i, evs=EVS, extra=HEALTH)
             lab.mrcctl(i, "up")
+
+
+def _inner_rto_ms(lab: Lab, port: int) -> float:
+    """The RTO the kernel gives an inner TCP connection from h0 to h1 over
+    the overlay (`ss -ti`), read while it is established."""
+    code = ("import socket,sys,time\n"
+            "s=socket.create_server(('', %d)); c,_=s.accept(); c.recv(1 << 20); time.sleep(3)\n" % port)
+    srv = lab.tb.popen(1, [sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    cli_code = ("import socket,time\n"
+                "for _ in range(100):\n"
+                "    try:\n"
+                "        c=socket.create_connection((%r, %d), timeout=1); break\n"
+                "    except OSError: time.sleep(0.05)\n"
+                "c.sendall(b'x' * 200000); time.sleep(3)\n" % (lab.overlay(1), port))
+    cli = lab.tb.popen(0, [sys.executable, "-c", cli_code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        end = time.monotonic() + 5
+        while time.monotonic() < end:
+            out = lab.tb.exec(0, ["ss", "-tinH", "state", "established", f"( dport = :{port} )"]).stdout
+            for word in out.split():
+                if word.startswith("rto:"):
+                    return float(word[4:])
+            time.sleep(0.05)
+        raise AssertionError(f"no established inner connection to port {port}")
+    finally:
+        for p in (cli, srv):
+            p.kill()
+            p.wait()
+
+
+def test_inner_tcp_gets_the_overlay_rto_floor(lab):
+    """overlay.rto_min_ms (default 5): the routes to peers carry the RTO
+    floor, so a tail lost on a failing path costs inner TCP one short RTO
+    instead of Linux's 200 ms minimum (docs/resilience.md). 0 hands TCP its
+    own floor back, the check that the figure comes from the route."""
+    routes = lab.tb.exec(0, ["ip", "route", "show", "dev", "mrc0"]).stdout
+    peer_route = [r for r in routes.splitlines() if r.startswith(lab.overlay(1) + " ")]
+    assert peer_route and "rto_min lock 5ms" in peer_route[0], routes
+    fast = _inner_rto_ms(lab, 5470)
+    cfg = lab.configs[0]
+    text = cfg.read_text()
+    try:
+        cfg.write_text(text.replace("[overlay]\n", "[overlay]\nrto_min_ms = 0\n", 1))
+        lab.mrcctl(0, "up")
+        routes = lab.tb.exec(0, ["ip", "route", "show", "dev", "mrc0"]).stdout
+        assert "rto_min" not in routes, routes
+        slow = _inner_rto_ms(lab, 5471)
+    finally:
+        cfg.write_text(text)
+        lab.mrcctl(0, "up")
+    print(f"inner RTO: {fast} ms with the floor, {slow} ms without")
+    # HZ=250 rounds 5 ms up to 8 ms; the smoothed RTT of an idle veth adds little
+    assert fast < 50, fast
+    assert slow >= 200, slow
