@@ -502,6 +502,10 @@ def run_trial(sc: Scenario, method: str, dst: str, k: int, tmp: Path) -> dict:
     t_wall = time.time()
     if sc.spec["udp"]:
         ready = tmp / f"udp-ready-{k}"
+        # a file left by an earlier run in this directory would start the
+        # sender before the receiver is bound: its first datagrams met a
+        # closed port (ECONNREFUSED in the sender) and counted as lost
+        ready.unlink(missing_ok=True)
         bind = lab.overlay(1) if method == "mrc" else "0.0.0.0"
         recv = tb.popen(1, [sys.executable, UDPSEQ, "recv", bind, str(port), str(TRIAL_SECS + 3), str(ready)],
                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -515,6 +519,7 @@ def run_trial(sc: Scenario, method: str, dst: str, k: int, tmp: Path) -> dict:
         tl = tmp / f"timeline-{k}.json"
         wrap = ["mptcpize", "run"] if method.startswith("mptcp") else []
         ready = tmp / f"ready-{k}"
+        ready.unlink(missing_ok=True)
         recv = tb.popen(1, [*wrap, sys.executable, XFER, "recv", "--bind", "0.0.0.0", "--port", str(port),
                             "--timeout", "30", "--timeline", str(tl), "--ready-file", str(ready)],
                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -546,8 +551,9 @@ def run_trial(sc: Scenario, method: str, dst: str, k: int, tmp: Path) -> dict:
     out: dict = {}
     if sc.spec["udp"]:
         share_pps = s["pps"] / sc.spec["planes"]
-        out.update(intact=r["received"] > 0, lost_dgrams=r["missing"] + (s["sent"] - 1 - r["top"]),
-                   lost_share_ms=round((r["missing"] + s["sent"] - 1 - r["top"]) / share_pps * 1000, 1))
+        lost = r["missing"] + (s["sent"] - 1 - r["top"]) - s.get("send_failed", 0)
+        out.update(intact=r["received"] > 0, lost_dgrams=lost, send_failed=s.get("send_failed", 0),
+                   lost_share_ms=round(lost / share_pps * 1000, 1))
     elif "error" in s or "error" in r:
         # the connection did not survive the fault (a flow pinned to the dead link)
         out.update(intact=False, stall_ms=1000, broken=s.get("error") or r.get("error"),
