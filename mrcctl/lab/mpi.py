@@ -86,15 +86,27 @@ def allreduce(tb, hosts: list[int], names: list[str], tmp: Path, btl_if: str, oo
         proc = subprocess.Popen(tb.ns_cmd(hosts[0], cmd), stdout=subprocess.PIPE, stderr=err, text=True,
                                 start_new_session=True, env={**os.environ, "OMPI_MCA_plm_rsh_no_tree_spawn": "1"})
         lines: queue.Queue = queue.Queue()
-        threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout] and None, daemon=True).start()
+        eof = threading.Event()
+
+        def read() -> None:
+            for x in proc.stdout:
+                lines.put(x)
+            eof.set()
+        threading.Thread(target=read, daemon=True).start()
         out: dict = {"iters": [], "done": False, "hung": False, "btl_if": btl_if}
         deadline = time.monotonic() + timeout
+        drained_by = None
         while True:
             try:
                 line = lines.get(timeout=0.2)
             except queue.Empty:
+                # mpirun may exit before the reader has queued its last
+                # lines (the "done" record among them): stop at the pipe's
+                # end, or 5 s after the exit if a straggler holds it open
                 if proc.poll() is not None and lines.empty():
-                    break
+                    drained_by = drained_by or time.monotonic() + 5
+                    if eof.is_set() or time.monotonic() > drained_by:
+                        break
                 if time.monotonic() > deadline:
                     out["hung"] = True
                     break

@@ -37,9 +37,14 @@ def job(lab: Lab, tmp, iters: int) -> dict:
                          mib=1, iters=iters, warmup=1, timeout=60)
 
 
+def _why(out: dict) -> str:
+    return (f"hung={out['hung']} returncode={out.get('returncode')} iterations={len(out['iters'])}; "
+            f"stderr: {out['stderr_tail']}")
+
+
 def test_allreduce_over_mrc_is_correct(lab, tmp_path):
     out = job(lab, tmp_path, 4)
-    assert out["done"] and not out["hung"], out["stderr_tail"]
+    assert out["done"] and not out["hung"], _why(out)
     assert out["ranks"] == 4 and out["bad"] == 0
     assert len(out["iters"]) == 4 and all(r["ok"] for r in out["iters"])
     # the ranks' data went over mrc: every host sent data units to its peers
@@ -53,5 +58,5 @@ def test_allreduce_survives_a_gray_spine_link_failure(lab, tmp_path):
         out = job(lab, tmp_path, 6)
     finally:
         lab.tb.link_blackhole(0, 0, 0, on=False, direction="both")
-    assert out["done"] and not out["hung"], out["stderr_tail"]
+    assert out["done"] and not out["hung"], _why(out)
     assert out["bad"] == 0 and len(out["iters"]) == 6 and all(r["ok"] for r in out["iters"])
