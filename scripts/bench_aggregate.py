@@ -223,6 +223,8 @@ MRC_VARIANTS = {
     "mrc weighted 64K": ("weighted", "fixed", True, 65536, None),
     "mrc weighted 8K": ("weighted", "fixed", True, 8192, None),
     "mrc adaptive": ("weighted", "adaptive", False, None, None),
+    # nothing configured but the planes and the peer: equal weights, fixed
+    "mrc defaults": ("weighted", "fixed", False, None, None),
     "mrc flowlet": ("flowlet", "fixed", True, None, None),
     "mrc hash": ("hash", "fixed", True, None, None),
 }
