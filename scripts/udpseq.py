@@ -25,9 +25,9 @@ SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)   # linux/socket.h; Pytho
 
 def recv(bind: str, port: int, secs: float, ready: str) -> dict:
     s = socket.socket(socket.AF_INET6 if ":" in bind else socket.AF_INET, socket.SOCK_DGRAM)
-    # a receiver on a busy 2-core machine falls behind for milliseconds at a
-    # time: without room for that, the socket drops what the network
-    # delivered (net.core.rmem_max caps SO_RCVBUF; root may exceed it)
+    # a receiver that falls behind for milliseconds (a busy host) needs the
+    # room, or its socket drops what the network delivered; net.core.rmem_max
+    # caps SO_RCVBUF, root may exceed it
     try:
         s.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, 64 << 20)
     except OSError:
