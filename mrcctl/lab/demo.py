@@ -210,6 +210,10 @@ def run(duration: float = 9.0, planes: int = 4, fault: bool = True, rate: str | 
     interactive = console.is_terminal
     demo = Demo(duration, planes, fault, rate, fabric=fabric)
     old = {s: signal.signal(s, _interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
+    # Ctrl-C (or kill -INT) ends the demo cleanly even when it was started
+    # with SIGINT ignored, as a shell's background jobs are: Python then
+    # leaves the inherited SIG_IGN in place
+    old[signal.SIGINT] = signal.signal(signal.SIGINT, signal.default_int_handler)
     outcome = "done"
     snap = None
     events = 0
@@ -257,9 +261,9 @@ def run(duration: float = 9.0, planes: int = 4, fault: bool = True, rate: str | 
         try:
             demo.teardown()
         finally:
-            signal.signal(signal.SIGINT, signal.default_int_handler)
             for s, h in old.items():
-                signal.signal(s, h)
+                if h is not None:     # None: a handler set outside Python, nothing to restore
+                    signal.signal(s, h)
 
 
 class _Done(Exception):

@@ -150,12 +150,15 @@ def test_feedback_frame_is_evidence(fdp):
                        fb_path=2, fb_ts=(now - MS) // 1000 & 0xFFFFFFFF, inner=b"x" * 60)
     before = fdp.drops()
     ret, _ = fdp.run_rx(fb)
+    ran_by = time.monotonic_ns()
     assert ret == XDP_DROP
     assert fdp.drops()[wire.Reason.RX_FEEDBACK] - before[wire.Reason.RX_FEEDBACK] == 1
     live = fdp.live(2)
     assert abs(live.last_ack_ns - (now - MS)) < 10_000
     assert fdp.seq().ack_max_ns == live.last_ack_ns and fdp.seq().ack_max_path == 2
-    assert 2_900 <= live.ev_cov_max_us <= 4_000
+    # the coverage sample: from the unit's send (now - 3 ms) to the frame's
+    # arrival, whenever the program ran (a loaded machine took over 1 ms)
+    assert 2_900 <= live.ev_cov_max_us <= (ran_by - (now - 3 * MS)) // 1000 + 100
     assert fdp.stats(0).rx_packets == 0                  # not data: no receipt, no PSN
 
 

@@ -32,7 +32,7 @@ class Routes:
     def __init__(self):
         self.routes: set[str] = set()
 
-    def route_replace(self, dst, dev):
+    def route_replace(self, dst, dev, rto_min_ms=0):
         self.routes.add(dst)
 
     def route_delete(self, dst, dev):
