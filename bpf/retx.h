@@ -22,6 +22,7 @@
 #include "sizing.h"
 #include "stats.h"
 #include "parsing.h"
+#include "path.h"
 
 #define RETX_HASH_SHIFT	26		/* top 6 bits pick one of MRC_TX_FLOWS */
 
@@ -61,6 +62,39 @@ static __always_inline bool retx_check(__u32 peer_idx, const struct l3_flow *fl,
 		return true;
 	*slot = (__u64)h << 32 | end;
 	return false;
+}
+
+/* The shortest a steered path's oldest outstanding unit must have waited
+ * before its silence counts (retx_path_silent). */
+#define RETX_SILENT_MIN_NS	1000000ULL
+
+/*
+ * Has path `pid` gone silent: a unit outstanding on it for more than twice
+ * its recent coverage delay (evidence.h), at least RETX_SILENT_MIN_NS? Then
+ * a retransmission is not steered to it even if it confirmed delivery
+ * last. A flow stalled in an RTO sends nothing but the retransmission, so
+ * no sibling's evidence moves and the judge (relative to the siblings)
+ * cannot call that path overdue; steered there every time, each timed-out
+ * retransmission was lost again when that path was the one that had died
+ * (a fabric failover trial: 5 RTOs in a row, a 420 ms stall, until the
+ * agent's probes retired the path). A burst of retransmissions within one
+ * round trip still goes to the freshest path: its first is not overdue yet.
+ * A global function: verified once.
+ */
+__attribute__((noinline)) int retx_path_silent(__u32 peer_idx, __u32 pid, __u64 now)
+{
+	struct mrc_path_live *live = path_live(peer_idx, pid);
+	__u64 un, wait;
+
+	if (!live)
+		return 1;
+	un = live->unacked_ns;
+	if (!un || (__s64)(live->last_ack_ns - un) >= 0)
+		return 0;
+	wait = (__u64)live->ev_cov_max_us * 2000;
+	if (wait < RETX_SILENT_MIN_NS)
+		wait = RETX_SILENT_MIN_NS;
+	return (__s64)(now - un) > (__s64)wait;
 }
 
 #endif /* MRC_RETX_H */

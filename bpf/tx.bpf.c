@@ -251,7 +251,8 @@ static __always_inline __u32 tx_process(struct __sk_buff *skb, struct tx_out *ou
 		 * (the receiver drops such a frame as MRC_R_RX_WRONG_PLANE) */
 		__u32 fresh = *(volatile __u32 *)&seq->ack_max_path;
 
-		path = judge_path(peer_idx, fresh, n_paths, now, &verdict);
+		path = retx_path_silent(peer_idx, fresh, now) ? NULL :
+			judge_path(peer_idx, fresh, n_paths, now, &verdict);
 		if (path) {
 			u.path_id = fresh;	/* no slot walk below */
 			steered = true;

@@ -423,6 +423,39 @@ def test_retransmission_takes_the_freshest_path(hdp, hedge):
     assert send(inner_tcp(5000, 300)) == 0          # freshest path not usable: the slot
 
 
+def test_retransmission_avoids_a_freshest_path_gone_silent(hdp):
+    """The path that confirmed delivery last stops being where
+    retransmissions go once a unit has waited on it for more than twice its
+    coverage delay (at least 1 ms) with no evidence: a flow stalled in an RTO
+    sends nothing else, no sibling's evidence moves, and the judge cannot
+    call the path overdue; steered there, every timed-out retransmission
+    was lost again when that path had died (bpf/retx.h)."""
+    from test_tx import inner_tcp
+    hdp.set_cfg(udp_port=UDP_PORT, flags=wire.MRC_CFG_LIVENESS, dead_after_us=DEAD_US,
+                hedge_after_us=DEAD_US // 2, recover_probes=3)
+    hdp.set_slots([0])
+    now = time.monotonic_ns()
+    hdp.set_seq(ack_max_ns=now - 20 * MS, ack_max_path=2)
+
+    def send(frame):
+        ret, out = hdp.run_tx(frame)
+        assert ret == TC_ACT_REDIRECT
+        return path_of(out)
+
+    assert send(inner_tcp(5000, 300)) == 0          # new data: the slot
+    # the timed-out retransmission went to path 2 8 ms ago, unconfirmed
+    hdp.set_live(2, unacked_ns=now - 8 * MS, last_ack_ns=now - 20 * MS, ev_cov_max_us=500)
+    assert send(inner_tcp(5000, 300)) == 0          # the next one: not path 2
+    assert health(hdp).retx_steered == 0
+    # a path whose evidence usually takes 5 ms is not silent after 8 ms
+    hdp.set_live(2, ev_cov_max_us=5000)
+    assert send(inner_tcp(5000, 300)) == 2
+    # nor one whose outstanding unit was sent just now (a burst of resends)
+    hdp.set_live(2, unacked_ns=time.monotonic_ns(), ev_cov_max_us=500)
+    assert send(inner_tcp(5000, 300)) == 2
+    assert health(hdp).retx_steered == 2
+
+
 def test_echo_prefers_unechoed_receipt(hdp):
     """Feedback picks, near the cursor, a path with a receipt not echoed yet."""
     hdp.set_slots([0])
