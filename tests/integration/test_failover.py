@@ -270,17 +270,9 @@ def test_hedged_blackhole_loses_nothing(lab, tmp_path):
 
 def _inner_rto_ms(lab: Lab, port: int) -> float:
     """The RTO the kernel gives an inner TCP connection from h0 to h1 over
-    the overlay (`ss -ti`), read while it is established."""
-    code = ("import socket,sys,time\n"
-            "s=socket.create_server(('', %d)); c,_=s.accept(); c.recv(1 << 20); time.sleep(3)\n" % port)
-    srv = lab.tb.popen(1, [sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    cli_code = ("import socket,time\n"
-                "for _ in range(100):\n"
-                "    try:\n"
-                "        c=socket.create_connection((%r, %d), timeout=1); break\n"
-                "    except OSError: time.sleep(0.05)\n"
-                "c.sendall(b'x' * 200000); time.sleep(3)\n" % (lab.overlay(1), port))
-    cli = lab.tb.popen(0, [sys.executable, "-c", cli_code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    the overlay (`ss -ti`), read while a paced transfer keeps it established."""
+    recv = lab.start_receiver(1, port, timeout=30)
+    send = sender(lab, "4M", port, max_rate="1M", timeout=30)
     try:
         end = time.monotonic() + 5
         while time.monotonic() < end:
@@ -291,7 +283,7 @@ def _inner_rto_ms(lab: Lab, port: int) -> float:
             time.sleep(0.05)
         raise AssertionError(f"no established inner connection to port {port}")
     finally:
-        for p in (cli, srv):
+        for p in (send, recv):
             p.kill()
             p.wait()
 
