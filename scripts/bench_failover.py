@@ -397,6 +397,7 @@ class Scenario:
     def __init__(self, name: str, a, tmp: Path):
         self.name, self.a = name, a
         self.spec = MATRIX_SCENARIOS[name]
+        self.rto_min_us: dict[int, str] = {}     # what mptcp-rto5 found, to put back
         health = "[health]\n" + (f"dead_after_ms = {a.dead_after}\n" if a.dead_after else "")
         kw = dict(fabric=self.spec["fabric"]) if self.spec["fabric"] else dict(rates=self.spec["rates"])
         if self.spec["udp"]:
@@ -451,6 +452,7 @@ class Scenario:
             mptcp_setup(tb)
             if method == "mptcp-rto5":
                 for i in (0, 1):
+                    self.rto_min_us[i] = tb.exec(i, ["sysctl", "-n", "net.ipv4.tcp_rto_min_us"]).stdout.strip()
                     tb.exec(i, ["sysctl", "-qw", f"net.ipv4.tcp_rto_min_us={MPTCP_RTO_MIN_US}"])
             return tb.addr(1, 0, 0)
         tb.exec(1, ["ip", "addr", "replace", f"{ECMP_DST}/32", "dev", "lo"])
@@ -466,7 +468,8 @@ class Scenario:
         if method.startswith("mptcp"):
             for i in (0, 1):
                 tb.exec(i, ["ip", "mptcp", "endpoint", "flush"], check=False)
-                tb.exec(i, ["sysctl", "-qw", "net.ipv4.tcp_rto_min_us=200000"], check=False)
+                if i in self.rto_min_us:
+                    tb.exec(i, ["sysctl", "-qw", f"net.ipv4.tcp_rto_min_us={self.rto_min_us.pop(i)}"])
         if method == "ecmp":
             tb.exec(0, ["ip", "route", "del", f"{ECMP_DST}/32"], check=False)
             tb.exec(1, ["ip", "addr", "del", f"{ECMP_DST}/32", "dev", "lo"], check=False)
