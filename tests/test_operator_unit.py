@@ -307,6 +307,15 @@ def test_metrics_config():
             config.parse(BASE + f"[metrics]\n{bad}\n")
 
 
+def test_suspect_threshold_defaults_to_a_quarter_of_dead_after():
+    """Units on a path not yet suspect are lost with it; one-way traffic has
+    no TCP to resend them, and at half of dead_after it lost over 10 ms of a
+    dead plane's share (docs/benchmarks/failover-trials.md)."""
+    assert config.parse(BASE).health.hedge_after == 5.0
+    assert config.parse(BASE + "[health]\ndead_after_ms = 40\n").health.hedge_after == 10.0
+    assert config.parse(BASE + "[health]\nhedge_after_ms = 7.5\n").health.hedge_after == 7.5
+
+
 def test_demo_needs_root(monkeypatch, capsys):
     from mrcctl import cli
     monkeypatch.setattr(os, "geteuid", lambda: 1000)

@@ -169,7 +169,9 @@ class Health:
     # it a failure can cost TCP a 200 ms RTO (docs/benchmarks/failover.md)
     hedge: bool | str = True
     liveness: bool = True
-    hedge_after_ms: float | None = None  # suspect threshold; None = dead_after_ms / 2
+    # suspect threshold; None = dead_after_ms / 4: until a path is suspect its units are
+    # lost with it, and one-way traffic has no TCP to resend them (docs/benchmarks/failover-trials.md)
+    hedge_after_ms: float | None = None
     # EV probes per second per host at most (the agent's Prober)
     probe_budget: int = 2000
     # how probes leave: "packet" (AF_PACKET, one sendmmsg per plane and round, through the
@@ -182,7 +184,7 @@ class Health:
 
     @property
     def hedge_after(self) -> float:
-        return self.hedge_after_ms if self.hedge_after_ms is not None else self.dead_after_ms / 2
+        return self.hedge_after_ms if self.hedge_after_ms is not None else self.dead_after_ms / 4
 
 
 # Path slots (peers x stride) cheap enough to give by default: 64 peers x
