@@ -27,7 +27,7 @@ the first `dead` EV event). Writes failover.md, failover.json and
 failover.png into --out.
 
     sudo python3 scripts/bench_failover.py --matrix direct,fabric,oneway --trials 20
-                                           [--methods mrc,mptcp] [--dead-after 10]
+                                           [--methods mrc,mptcp] [--dead-after 10] [--trace DIR]
 
 The trial matrix: many short trials per (scenario, method) on one testbed,
 mrc beside MPTCP and plain ECMP-hashed TCP (or UDP) in the same run: direct
@@ -497,9 +497,55 @@ def mrc_counters(sc: Scenario) -> dict:
     return {"lost": sum(p.get("reorder", {}).get("net_lost", 0) for p in s1["peers"])}
 
 
-def run_trial(sc: Scenario, method: str, dst: str, k: int, tmp: Path) -> dict:
+class TcpTrace:
+    """The kernel's TCP tracepoints (tcp_probe: every segment and ACK with
+    snd_una, cwnd, srtt; tcp_retransmit_skb; tcp_cong_state_set) for one
+    trial's connection, from the fault for TRACE_SECS, kept in DIR only for
+    a trial that had an RTO: what a stall looked like from inside TCP
+    (scripts/tcp_timeline.py prints it as a timeline). tcp_probe on every
+    segment costs CPU: traced trials lose goodput (0.92 -> 0.77-0.80 Gbit/s
+    on the fabric), so their numbers are not the benchmark's.
+    tracefs is global, so the filter names the trial's port."""
+
+    ROOT = Path("/sys/kernel/tracing")
+    EVENTS = ("tcp/tcp_probe", "tcp/tcp_retransmit_skb", "tcp/tcp_cong_state_set")
+    TRACE_SECS = 0.3
+
+    def __init__(self, out: Path):
+        if not (self.ROOT / "events/tcp/tcp_probe").exists():
+            raise SystemExit(f"--trace: no TCP tracepoints under {self.ROOT} (tracefs mounted?)")
+        self.out = out
+        out.mkdir(parents=True, exist_ok=True)
+        self._w("tracing_on", "0")
+        self._w("buffer_size_kb", "32768")
+
+    def _w(self, name: str, value: str) -> None:
+        (self.ROOT / name).write_text(value)
+
+    def start(self, port: int) -> None:
+        self._w("trace", "")
+        for e in self.EVENTS:
+            self._w(f"events/{e}/filter", f"sport == {port} || dport == {port}")
+            self._w(f"events/{e}/enable", "1")
+        self._w("tracing_on", "1")
+        self._w("trace_marker", "FAULT\n")
+
+    def pause(self) -> None:
+        self._w("tracing_on", "0")
+
+    def stop(self, name: str, keep: bool) -> None:
+        self._w("tracing_on", "0")
+        for e in self.EVENTS:
+            self._w(f"events/{e}/enable", "0")
+        if keep:
+            (self.out / name).write_text((self.ROOT / "trace").read_text())
+
+
+def run_trial(sc: Scenario, method: str, dst: str, k: int, tmp: Path,
+              trace: TcpTrace | None = None) -> dict:
     lab, tb = sc.lab, sc.lab.tb
     port = 5600 + k
+    trace = trace if not sc.spec["udp"] else None
     failed = sc.failed_paths()
     c0 = mrc_counters(sc) if method == "mrc" else None
     t_wall = time.time()
@@ -537,10 +583,15 @@ def run_trial(sc: Scenario, method: str, dst: str, k: int, tmp: Path) -> dict:
     try:
         time.sleep(TRIAL_FAULT_AT)
         t_fault, w_fault = time.monotonic(), time.time()
+        if trace:
+            trace.start(port)
         sc.fault(True)
+        if trace:
+            time.sleep(TcpTrace.TRACE_SECS)
+            trace.pause()
         # cleared when the sender stops sending: a flow pinned to the dead
         # link then resumes (after its RTO backoff) instead of timing out
-        time.sleep(TRIAL_SECS - TRIAL_FAULT_AT)
+        time.sleep(TRIAL_SECS - TRIAL_FAULT_AT - (TcpTrace.TRACE_SECS if trace else 0))
         sc.fault(False)
         s_out, _ = send.communicate(timeout=60)
         r_out, _ = recv.communicate(timeout=60)
@@ -574,6 +625,8 @@ def run_trial(sc: Scenario, method: str, dst: str, k: int, tmp: Path) -> dict:
             retired=len({e["path"] for e in on}), of=len(failed),
             false_retired=len({e["path"] for e in evs if e["new"] == "ASSUMED_BAD" and e["path"] not in failed}),
             inner_lost=mrc_counters(sc)["lost"] - c0["lost"])
+    if trace:
+        trace.stop(f"trace-{sc.name}-{method}-{k}.txt", keep=bool(out.get("rto")))
     out["recovered"] = sc.wait_all_good()
     time.sleep(1.2)   # past the hysteresis's relapse window (1 s)
     return out
@@ -599,6 +652,7 @@ def summarise(trials: list[dict]) -> dict:
 
 def run_matrix(a, tmp: Path, out: Path) -> int:
     results: dict = {}
+    trace = TcpTrace(Path(a.trace)) if a.trace else None
     for name in a.matrix.split(","):
         if name not in MATRIX_SCENARIOS:
             print(f"unknown matrix scenario {name} (have {', '.join(MATRIX_SCENARIOS)})", file=sys.stderr)
@@ -613,7 +667,7 @@ def run_matrix(a, tmp: Path, out: Path) -> int:
                 try:
                     for k in range(a.trials):
                         try:
-                            trials.append(run_trial(sc, method, dst, k, tmp / name))
+                            trials.append(run_trial(sc, method, dst, k, tmp / name, trace))
                         except Exception as e:  # a failed trial must not lose the others
                             trials.append({"error": f"{type(e).__name__}: {str(e)[:200]}"})
                             sc.fault(False)
@@ -713,6 +767,8 @@ def main() -> int:
     ap.add_argument("--methods", help="matrix methods to run (default: every one the scenario has)")
     ap.add_argument("--dead-after", type=int, help="matrix: mrc's health.dead_after_ms (default: mrc's default)")
     ap.add_argument("--merge", action="store_true", help="matrix: keep the rows of failover-trials.json not rerun")
+    ap.add_argument("--trace", metavar="DIR", help="matrix: trace TCP (kernel tracepoints) from each fault for "
+                    f"{TcpTrace.TRACE_SECS} s; keep the traces of trials with an RTO in DIR")
     a = ap.parse_args()
     err = preflight("bench_failover.py", "namespaces, BPF")
     if err:
