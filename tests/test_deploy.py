@@ -194,9 +194,3 @@ def test_operator_guide_covers_every_config_key_and_command():
             assert any(f in guide for f in forms), key
     for trouble in ("MTU", "XDP", "BTF", "rp_filter", "nft", "ip netns exec"):
         assert trouble in guide, trouble
-
-
-@pytest.mark.skipif(shutil.which("vagrant") is None, reason="vagrant not installed (ruby -c runs in test_packaging)")
-def test_vagrantfile_validates():
-    cp = subprocess.run(["vagrant", "validate"], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert cp.returncode == 0, cp.stdout + cp.stderr
