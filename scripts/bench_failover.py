@@ -533,11 +533,12 @@ class TcpTrace:
     def pause(self) -> None:
         self._w("tracing_on", "0")
 
-    def stop(self, name: str, keep: bool) -> None:
+    def stop(self, name: str | None = None, keep: bool = False) -> None:
+        """Tracing off; the trace saved as DIR/name if keep."""
         self._w("tracing_on", "0")
         for e in self.EVENTS:
             self._w(f"events/{e}/enable", "0")
-        if keep:
+        if keep and name:
             (self.out / name).write_text((self.ROOT / "trace").read_text())
 
 
@@ -582,9 +583,9 @@ def run_trial(sc: Scenario, method: str, dst: str, k: int, tmp: Path,
         wait_established(tb, 0, port)
     try:
         time.sleep(TRIAL_FAULT_AT)
-        t_fault, w_fault = time.monotonic(), time.time()
         if trace:
             trace.start(port)
+        t_fault, w_fault = time.monotonic(), time.time()
         sc.fault(True)
         if trace:
             time.sleep(TcpTrace.TRACE_SECS)
@@ -671,6 +672,8 @@ def run_matrix(a, tmp: Path, out: Path) -> int:
                         except Exception as e:  # a failed trial must not lose the others
                             trials.append({"error": f"{type(e).__name__}: {str(e)[:200]}"})
                             sc.fault(False)
+                            if trace:
+                                trace.stop()
                         print(key, k + 1, json.dumps(trials[-1]), flush=True)
                 finally:
                     sc.teardown(method)
