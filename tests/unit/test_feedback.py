@@ -132,7 +132,10 @@ def test_feedback_rate_per_peer(fdp):
     n = len(mrc_frames(captured(fdp)))
     hs = health(fdp)
     assert n == hs.fb_frames and hs.fb_frames + hs.fb_limited == 60
-    assert 32 <= n <= 32 + elapsed // gap_ns + 1 and hs.fb_limited > 0
+    # the refill is by time: a slow loop (a busy CI machine: 60 runs in
+    # 10 ms) earns more frames, so the bound follows the time it took
+    allowed = 32 + elapsed // gap_ns + 1
+    assert 32 <= n <= allowed and hs.fb_limited >= 60 - allowed
     # a bucket spent far ahead: nothing until it drains
     fdp.set_seq(fb_rl_tat=time.monotonic_ns() + 10**10)
     fdp.set_live(0, fb_frame_ns=0, fb_echo_ns=0)
