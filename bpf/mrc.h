@@ -635,8 +635,9 @@ struct mrc_rx_flows {
 /* mrc_hstats: PERCPU_ARRAY[1]. */
 struct mrc_hstats {
 	__u64	hedged;		/* units sent twice; writer: mrc_tx (hedge.h) */
-	__u64	hedge_no_path;	/* suspect unit with no GOOD partner path;
-				 * writer: none yet (reads 0) */
+	__u64	hedge_no_path;	/* suspect unit sent without a copy: no usable,
+				 * not overdue partner on another plane;
+				 * writer: mrc_tx (tx.bpf.c) */
 	__u64	dedup_drops;	/* hedged wire packets dropped as duplicates;
 				 * writer: mrc_rx (dedup.h) */
 	__u64	dead;		/* GOOD -> ASSUMED_BAD by the tx judgement;

@@ -356,6 +356,8 @@ static __always_inline __u32 tx_process(struct __sk_buff *skb, struct tx_out *ou
 		}
 		if (hedge >= 0)
 			u.flags |= MRC_F_HEDGE;
+		else if (verdict == H_SUSPECT)
+			HSTAT_INC(hedge_no_path);
 	}
 
 	/* 5. Encapsulate; every wire segment repeats Ethernet, outer headers

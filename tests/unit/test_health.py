@@ -365,6 +365,30 @@ def test_suspect_path_is_hedged(hdp, veth):
     assert hdr_of(out).path_id == 0 and not hdr_of(out).flags & wire.MRC_F_HEDGE
 
 
+def test_suspect_path_without_partner_is_counted(hdp, veth):
+    """A suspect unit goes out alone when no partner on another plane may
+    carry a copy; hedge_no_path counts such units (an operator reading
+    `status` sees that hedging could not cover a failing path)."""
+    paths = [wire.replace(PATHS[0], ifindex=veth), *PATHS[1:]]
+    hdp.set_paths(paths)
+    hdp.set_cfg(udp_port=UDP_PORT, flags=wire.MRC_CFG_LIVENESS | wire.MRC_CFG_HEDGE,
+                dead_after_us=DEAD_US, hedge_after_us=1000, recover_probes=3)
+    hdp.set_slots([0])
+    now = time.monotonic_ns()
+    hdp.set_live(0, unacked_ns=now - 3 * MS, last_ack_ns=now - 4 * MS)
+    hdp.set_live(3, state=wire.PathState.ASSUMED_BAD)     # the only partner
+    hdp.set_seq(ack_max_ns=now)
+    ret, out = hdp.run_tx(inner_udp())
+    assert ret == TC_ACT_REDIRECT and hdr_of(out).path_id == 0
+    assert not hdr_of(out).flags & wire.MRC_F_HEDGE
+    assert (health(hdp).hedged, health(hdp).hedge_no_path) == (0, 1)
+    # with the partner back, the copy goes and nothing more is counted
+    hdp.set_live(3, state=wire.PathState.GOOD)
+    ret, out = hdp.run_tx(inner_udp())
+    assert hdr_of(out).path_id == 3 and hdr_of(out).flags & wire.MRC_F_HEDGE
+    assert (health(hdp).hedged, health(hdp).hedge_no_path) == (1, 1)
+
+
 def test_struck_path_stays_hedged_until_evidence(hdp, veth):
     """The first strike restarts the observation (lag from zero), but the
     path stays suspect - its units hedged - until evidence covers a unit
