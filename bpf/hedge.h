@@ -38,6 +38,7 @@ __attribute__((noinline)) int hedge_partner(__u32 peer_idx, __u32 n_paths, __u32
 	for (i = 1; i <= HEDGE_SCAN; i++) {
 		struct mrc_path *p;
 		struct mrc_path_live *l;
+		__u64 un;
 
 		if (i >= n_paths)
 			break;
@@ -50,9 +51,9 @@ __attribute__((noinline)) int hedge_partner(__u32 peer_idx, __u32 n_paths, __u32
 		if (p->family != family || p->plane == plane)
 			continue;
 		/* a partner that is itself overdue would not help */
-		if (cfg->hedge_after_us && l->unacked_ns &&
-		    (__s64)(l->last_ack_ns - l->unacked_ns) < 0 &&
-		    now - l->unacked_ns > (__u64)cfg->dead_after_us * 1000)
+		un = path_outstanding_ns(l);
+		if (cfg->hedge_after_us && un &&
+		    now - un > (__u64)cfg->dead_after_us * 1000)
 			continue;
 		return q;
 	}

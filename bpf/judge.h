@@ -164,9 +164,9 @@ static __always_inline int health_judge(const struct mrc_config *cfg,
 	if (!(cfg->flags & MRC_CFG_LIVENESS) || cfg->dead_after_us == 0)
 		return H_OK;
 
-	un = live->unacked_ns;
+	un = path_outstanding_ns(live);
 	ack = live->last_ack_ns;
-	if (un == 0 || (__s64)(ack - un) >= 0) {
+	if (!un) {
 		/* Everything sent so far is accounted for: this unit is
 		 * the oldest outstanding one. */
 		live->unacked_ns = now;

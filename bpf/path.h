@@ -109,6 +109,17 @@ __attribute__((noinline)) int path_usable_at(__u32 peer_idx, __u32 pid)
 	return p && l && path_usable(p, l, idx);
 }
 
+/* Send time of the path's oldest unit that no evidence covers yet, or 0
+ * when everything sent on it is covered (or nothing was sent). The one
+ * reading of unacked_ns against last_ack_ns for the judge, the hedge
+ * partner search and retransmission steering. */
+static __always_inline __u64 path_outstanding_ns(const struct mrc_path_live *l)
+{
+	__u64 un = l->unacked_ns;
+
+	return un && (__s64)(l->last_ack_ns - un) < 0 ? un : 0;
+}
+
 /* An all-zero destination MAC means "resolve through the neighbour table"
  * (routed underlay, next hop not known to the agent). */
 static __always_inline bool path_via_neigh(const struct mrc_path *p)

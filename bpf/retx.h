@@ -88,8 +88,8 @@ __attribute__((noinline)) int retx_path_silent(__u32 peer_idx, __u32 pid, __u64 
 
 	if (!live)
 		return 1;
-	un = live->unacked_ns;
-	if (!un || (__s64)(live->last_ack_ns - un) >= 0)
+	un = path_outstanding_ns(live);
+	if (!un)
 		return 0;
 	wait = (__u64)live->ev_cov_max_us * 2000;
 	if (wait < RETX_SILENT_MIN_NS)
