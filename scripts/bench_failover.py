@@ -28,6 +28,7 @@ failover.png into --out.
 
     sudo python3 scripts/bench_failover.py --matrix direct,fabric,oneway --trials 20
                                            [--methods mrc,mptcp] [--dead-after 10] [--trace DIR]
+                                           [--seqlog DIR]
 
 The trial matrix: many short trials per (scenario, method) on one testbed,
 mrc beside MPTCP and plain ECMP-hashed TCP (or UDP) in the same run: direct
@@ -542,11 +543,77 @@ class TcpTrace:
             (self.out / name).write_text((self.ROOT / "trace").read_text())
 
 
+class SeqLog:
+    """bpf/seqlog.bpf.c on a scenario's two hosts: every TCP unit host 0
+    sends (inner sequence range, EV, plane, MRC flags, PSN; at its planes'
+    egress) and every inner segment host 1 takes in (at its planes'
+    ingress, after mrc_rx decapsulated it), with CLOCK_MONOTONIC times.
+    Kept for trials with an RTO as DIR/seqlog-<scenario>-<method>-<k>.json;
+    scripts/tcp_holes.py shows the hole a stall waited on and every
+    transmission of it. For TCP over XDP-hooked planes (mrc_rx_tc ends
+    classification before a later filter sees the inner packet)."""
+
+    OBJ = REPO / "bpf" / "seqlog.bpf.o"
+    PRIO = 7
+    TX_REC, RX_REC = "=QIIIIHB5x", "=QII"
+    TX_FIELDS = ("ts_ns", "seq", "len", "psn", "ifindex", "ev", "flags")
+    RX_FIELDS = ("ts_ns", "seq", "len")
+
+    def __init__(self, out: Path):
+        from mrcctl.datapath.libbpf import BpfObject
+
+        if not self.OBJ.exists():
+            raise SystemExit(f"--seqlog: {self.OBJ} is missing (make -C bpf)")
+        self.out = out
+        out.mkdir(parents=True, exist_ok=True)
+        self.obj = BpfObject.open(str(self.OBJ))
+        self.obj.load()
+
+    def attach(self, tb: Testbed) -> None:
+        from pyroute2 import NetNS
+        from pyroute2.netlink.exceptions import NetlinkError
+
+        for host, peer, prog, parent in ((0, 1, "seqlog_tx_prog", 0xFFFFFFF3), (1, 0, "seqlog_rx_prog", 0xFFFFFFF2)):
+            with NetNS(tb.ns(host)) as ipr:
+                for p in range(tb.n_planes):
+                    idx = ipr.link_lookup(ifname=tb.dev(host, peer, p))[0]
+                    try:
+                        ipr.tc("add", "clsact", idx)
+                    except NetlinkError:
+                        pass                    # already there
+                    ipr.tc("replace-filter", "bpf", idx, handle=1, fd=self.obj.program(prog).fd, name=prog,
+                           parent=parent, prio=self.PRIO, classid=1, direct_action=True)
+
+    def start(self) -> None:
+        counts = self.obj.map("seqlog_n")
+        for d in (0, 1):
+            counts.update(d.to_bytes(4, "little"), bytes(8))
+
+    def _read(self, ring: str, d: int, fmt: str, fields: tuple) -> list[list[int]]:
+        import struct
+
+        n = int.from_bytes(self.obj.map("seqlog_n").lookup(d.to_bytes(4, "little")), "little")
+        m = self.obj.map(ring)
+        raw = m.read_raw(0, min(n, m.max_entries))
+        size = struct.calcsize(fmt)
+        recs = sorted(list(struct.unpack_from(fmt, raw, i * size)) for i in range(len(raw) // size))
+        return recs
+
+    def stop(self, name: str, keep: bool, fault_ns: int) -> None:
+        if not keep:
+            return
+        doc = {"fault_ns": fault_ns, "tx_fields": self.TX_FIELDS, "rx_fields": self.RX_FIELDS,
+               "tx": self._read("seqlog_tx", 0, self.TX_REC, self.TX_FIELDS),
+               "rx": self._read("seqlog_rx", 1, self.RX_REC, self.RX_FIELDS)}
+        (self.out / name).write_text(json.dumps(doc))
+
+
 def run_trial(sc: Scenario, method: str, dst: str, k: int, tmp: Path,
-              trace: TcpTrace | None = None) -> dict:
+              trace: TcpTrace | None = None, seqlog: SeqLog | None = None) -> dict:
     lab, tb = sc.lab, sc.lab.tb
     port = 5600 + k
     trace = trace if not sc.spec["udp"] else None
+    seqlog = seqlog if method == "mrc" and not sc.spec["udp"] else None
     failed = sc.failed_paths()
     c0 = mrc_counters(sc) if method == "mrc" else None
     t_wall = time.time()
@@ -585,6 +652,8 @@ def run_trial(sc: Scenario, method: str, dst: str, k: int, tmp: Path,
         time.sleep(TRIAL_FAULT_AT)
         if trace:
             trace.start(port)
+        if seqlog:
+            seqlog.start()
         t_fault, w_fault = time.monotonic(), time.time()
         sc.fault(True)
         if trace:
@@ -628,6 +697,8 @@ def run_trial(sc: Scenario, method: str, dst: str, k: int, tmp: Path,
             inner_lost=mrc_counters(sc)["lost"] - c0["lost"])
     if trace:
         trace.stop(f"trace-{sc.name}-{method}-{k}.txt", keep=bool(out.get("rto")))
+    if seqlog:
+        seqlog.stop(f"seqlog-{sc.name}-{method}-{k}.json", keep=bool(out.get("rto")), fault_ns=int(t_fault * 1e9))
     out["recovered"] = sc.wait_all_good()
     time.sleep(1.2)   # past the hysteresis's relapse window (1 s)
     return out
@@ -654,6 +725,7 @@ def summarise(trials: list[dict]) -> dict:
 def run_matrix(a, tmp: Path, out: Path) -> int:
     results: dict = {}
     trace = TcpTrace(Path(a.trace)) if a.trace else None
+    seqlog = SeqLog(Path(a.seqlog)) if a.seqlog else None
     for name in a.matrix.split(","):
         if name not in MATRIX_SCENARIOS:
             print(f"unknown matrix scenario {name} (have {', '.join(MATRIX_SCENARIOS)})", file=sys.stderr)
@@ -665,10 +737,12 @@ def run_matrix(a, tmp: Path, out: Path) -> int:
             trials = []
             with Scenario(name, a, tmp) as sc:
                 dst = sc.setup(method)
+                if seqlog:
+                    seqlog.attach(sc.lab.tb)
                 try:
                     for k in range(a.trials):
                         try:
-                            trials.append(run_trial(sc, method, dst, k, tmp / name, trace))
+                            trials.append(run_trial(sc, method, dst, k, tmp / name, trace, seqlog))
                         except Exception as e:  # a failed trial must not lose the others
                             trials.append({"error": f"{type(e).__name__}: {str(e)[:200]}"})
                             sc.fault(False)
@@ -770,6 +844,9 @@ def main() -> int:
     ap.add_argument("--methods", help="matrix methods to run (default: every one the scenario has)")
     ap.add_argument("--dead-after", type=int, help="matrix: mrc's health.dead_after_ms (default: mrc's default)")
     ap.add_argument("--merge", action="store_true", help="matrix: keep the rows of failover-trials.json not rerun")
+    ap.add_argument("--seqlog", metavar="DIR", help="matrix, TCP over mrc: log every unit host 0 sends and every "
+                    "segment host 1 takes in (bpf/seqlog.bpf.c); keep the logs of trials with an RTO in DIR "
+                    "(scripts/tcp_holes.py reads one)")
     ap.add_argument("--trace", metavar="DIR", help="matrix: trace TCP (kernel tracepoints) from each fault for "
                     f"{TcpTrace.TRACE_SECS} s; keep the traces of trials with an RTO in DIR")
     a = ap.parse_args()
