@@ -32,9 +32,11 @@ class ConfigError(ValueError):
 # is decided at `up` from the device (topology.auto_rx_hook): tc ingress on
 # virtual devices (native XDP on a veth turns TSO off on its peer, and every
 # unit is then segmented in software), XDP on NICs. Measured on veth planes:
-# docs/benchmarks/receive-hook.md. The default stays XDP until tc
-# delivers inner UDP GSO units (it hands them on whole, and a receiving UDP
-# socket got none of them: tests/integration/test_rxsafe_live.py).
+# docs/benchmarks/receive-hook.md. tc hands a unit on whole; an inner UDP
+# GSO unit arrives segmented only because `up` turns tx-udp-segmentation
+# off on the sender's virtual planes (reconcile.py), so a peer running an
+# older mrc can still send tc planes units that a UDP socket drops. The
+# default stays XDP until the whole suite and the benchmarks have run on tc.
 RX_HOOKS = ("auto", "xdp", "tc")
 RX_HOOK_DEFAULT = "xdp"
 

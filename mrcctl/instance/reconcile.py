@@ -297,6 +297,23 @@ def _apply(cfg, inst, nl, planes, mtu, digest, prior, neigh_wait: float = NEIGH_
         # Decapsulated packets arrive on the plane with an overlay source that
         # routes via the overlay device: strict reverse-path filtering drops them.
         _step(f"setting rp_filter on {rt.plane.device}", topology.set_sysctl, key, "2")
+    # A unit crosses a virtual link whole (a veth hands the skb over
+    # unsegmented), and a peer whose plane decapsulates at tc ingress hands
+    # it on whole: an inner UDP_SEGMENT unit then keeps its UDP-tunnel GSO
+    # type and the receiving UDP socket drops it (only bpf-next can clear
+    # that type, BPF_F_ADJ_ROOM_DECAP_L4_UDP). Without the feature on the
+    # sending plane the kernel segments such units here, each wire packet
+    # with the MRC header (numbered by IP ID, mrc.h MRC_F_IPID); TCP units
+    # still leave whole. Restored at down.
+    state.setdefault("udp_gso", {})
+    for rt in planes:
+        dev = rt.plane.device
+        if dev not in state["udp_gso"] and topology.link_kind(dev) and \
+                topology.device_feature(dev, topology.UDP_GSO_FEATURE):
+            state["udp_gso"][dev] = True
+            inst.write(state)     # `down` must know what to restore
+            _step(f"turning {topology.UDP_GSO_FEATURE} off on {dev}", topology.set_device_feature,
+                  dev, topology.UDP_GSO_FEATURE, False)
     # Inner IPv6 is delivered on the plane it arrived on (decap keeps the
     # device): a plane with IPv6 disabled would drop it. Restored at down.
     state.setdefault("disable_ipv6", {})
@@ -405,6 +422,9 @@ def _detach_plane(nl: topology.Netlink, dev: str, state: dict) -> None:
     if old is not None:
         with suppress(OSError):
             topology.set_sysctl(f"net/ipv6/conf/{dev}/disable_ipv6", old)
+    if state.get("udp_gso", {}).pop(dev, None):
+        with suppress(Exception):     # the device may be gone
+            topology.set_device_feature(dev, topology.UDP_GSO_FEATURE, True)
 
 
 def down(cfg: cfgmod.Config | None = None, overlay: str | None = None) -> str:

@@ -409,6 +409,38 @@ def _attrs(buf, off: int, end: int):
         off += (alen + 3) & ~3
 
 
+# The feature that lets a UDP_SEGMENT (GSO) unit leave a device whole
+# (NETIF_F_GSO_UDP_L4). On a virtual plane `up` turns it off: see
+# reconcile.py, where it is set.
+UDP_GSO_FEATURE = "tx-udp-segmentation"
+
+
+def device_feature(device: str, name: str) -> bool | None:
+    """An ethtool feature's state (`ethtool -k`); None when the device has
+    no such feature or cannot change it."""
+    from pyroute2.ethtool import Ethtool
+
+    e = Ethtool()
+    try:
+        f = e.get_features(device).features.get(name)
+        return bool(f.enable) if f is not None and f.available else None
+    finally:
+        e.close()
+
+
+def set_device_feature(device: str, name: str, on: bool) -> None:
+    """`ethtool -K device name on|off`."""
+    from pyroute2.ethtool import Ethtool
+
+    e = Ethtool()
+    try:
+        feats = e.get_features(device)
+        feats.features[name].enable = on
+        e.set_features(device, feats)
+    finally:
+        e.close()
+
+
 def auto_rx_hook(device: str) -> str:
     """rx_hook "auto": tc ingress on a virtual device (XDP on a veth
     costs its peer TSO: docs/benchmarks/receive-hook.md), XDP on a NIC."""
