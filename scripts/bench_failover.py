@@ -589,22 +589,21 @@ class SeqLog:
         for d in (0, 1):
             counts.update(d.to_bytes(4, "little"), bytes(8))
 
-    def _read(self, ring: str, d: int, fmt: str, fields: tuple) -> list[list[int]]:
+    def _read(self, ring: str, d: int, fmt: str) -> list[list[int]]:
+        """Direction d's records in time order (a ring: the newest ones)."""
         import struct
 
         n = int.from_bytes(self.obj.map("seqlog_n").lookup(d.to_bytes(4, "little")), "little")
         m = self.obj.map(ring)
         raw = m.read_raw(0, min(n, m.max_entries))
         size = struct.calcsize(fmt)
-        recs = sorted(list(struct.unpack_from(fmt, raw, i * size)) for i in range(len(raw) // size))
-        return recs
+        return sorted(list(struct.unpack_from(fmt, raw, i * size)) for i in range(len(raw) // size))
 
     def stop(self, name: str, keep: bool, fault_ns: int) -> None:
         if not keep:
             return
         doc = {"fault_ns": fault_ns, "tx_fields": self.TX_FIELDS, "rx_fields": self.RX_FIELDS,
-               "tx": self._read("seqlog_tx", 0, self.TX_REC, self.TX_FIELDS),
-               "rx": self._read("seqlog_rx", 1, self.RX_REC, self.RX_FIELDS)}
+               "tx": self._read("seqlog_tx", 0, self.TX_REC), "rx": self._read("seqlog_rx", 1, self.RX_REC)}
         (self.out / name).write_text(json.dumps(doc))
 
 
