@@ -35,10 +35,9 @@ class ConfigError(ValueError):
 # docs/benchmarks/receive-hook.md. tc hands a unit on whole; an inner UDP
 # GSO unit arrives segmented only because `up` turns tx-udp-segmentation
 # off on the sender's virtual planes (reconcile.py), so a peer running an
-# older mrc can still send tc planes units that a UDP socket drops. The
-# default stays XDP until the whole suite and the benchmarks have run on tc.
+# mrc from before that can still send tc planes units a UDP socket drops.
 RX_HOOKS = ("auto", "xdp", "tc")
-RX_HOOK_DEFAULT = "xdp"
+RX_HOOK_DEFAULT = "auto"
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,11 @@ HEALTH = FAST_HEALTH + 'probe_sender = "xdp"\n'
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
+    # XDP on both ends: a veth takes XDP frames (the generator's) only
+    # while its peer runs an XDP program (ndo_xdp_xmit); on tc planes the
+    # agent sends probes as packets (test_every_veth_plane... would see none)
     with Lab(tmp_path_factory.mktemp("probe-sender"), hosts=2, planes=PLANES, evs=EVS, prefix="pb8",
-             extra=HEALTH) as lab:
+             extra=HEALTH, rx_hook="xdp") as lab:
         lab.up()
         yield lab
 

@@ -104,7 +104,7 @@ def test_udp_gso_units_arrive_whole_plain_and_hedged(lab):
     for phase, extra, port in (("plain", "", 6001), ("hedged", '[health]\nhedge = "always"\n', 6002),
                                ("plain, tc hook", "", 6003)):
         for i in (0, 1):
-            lab.write_config(i, evs=2, extra=extra, rx_hook="tc" if "tc hook" in phase else None)
+            lab.write_config(i, evs=2, extra=extra, rx_hook="tc" if "tc hook" in phase else "xdp")
             lab.mrcctl(i, "up")
         lab.settle()                         # neighbours resolved: hedged copies leave
         d0, r0, tx0 = drops(lab, 1), reorder(lab, 1), lab.status(0)
