@@ -88,15 +88,18 @@ def test_an_ece_echo_marks_our_path(dp, ece):
 
 
 def test_the_slot_walk_passes_over_a_marked_path(dp):
+    # a hold long enough that a busy machine cannot let it pass between
+    # writing the mark and running the program (1 ms did, in a CI run)
+    hold_us = 50 * HOLD_US
     dp.set_slots([0, 3])
-    dp.set_cfg(udp_port=UDP_PORT, cong_hold_us=HOLD_US)
+    dp.set_cfg(udp_port=UDP_PORT, cong_hold_us=hold_us)
     set_cong(dp, 0, ce_ns=time.monotonic_ns())
     ret, out = dp.run_tx(inner_tx())
     assert ret == TC_ACT_REDIRECT and pkt.mrc_hdr_of(out).path_id == 3
     assert avoided(dp) == 1
     # the same slot, but the mark is older than the hold: path 0 again
     dp.set_seq(cursor=0)
-    set_cong(dp, 0, ce_ns=time.monotonic_ns() - 2 * HOLD_US * 1000)
+    set_cong(dp, 0, ce_ns=time.monotonic_ns() - 2 * hold_us * 1000)
     ret, out = dp.run_tx(inner_tx())
     assert pkt.mrc_hdr_of(out).path_id == 0 and avoided(dp) == 1
     # avoidance off: a fresh mark changes nothing
@@ -111,7 +114,7 @@ def test_when_every_slot_is_marked_a_marked_path_carries_the_unit(dp):
     """A bottleneck every path shares marks them all: nothing is gained by
     avoiding, and the unit must not be refused."""
     dp.set_slots([0, 3])
-    dp.set_cfg(udp_port=UDP_PORT, cong_hold_us=HOLD_US)
+    dp.set_cfg(udp_port=UDP_PORT, cong_hold_us=50 * HOLD_US)   # outlasts a busy machine's pause
     now = time.monotonic_ns()
     set_cong(dp, 0, ce_ns=now)
     set_cong(dp, 3, ce_ns=now)
