@@ -570,19 +570,11 @@ class SeqLog:
         self.obj.load()
 
     def attach(self, tb: Testbed) -> None:
-        from pyroute2 import NetNS
-        from pyroute2.netlink.exceptions import NetlinkError
+        from mrcctl.lab.fabric import TC_EGRESS, TC_INGRESS, attach_tc_bpf
 
-        for host, peer, prog, parent in ((0, 1, "seqlog_tx_prog", 0xFFFFFFF3), (1, 0, "seqlog_rx_prog", 0xFFFFFFF2)):
-            with NetNS(tb.ns(host)) as ipr:
-                for p in range(tb.n_planes):
-                    idx = ipr.link_lookup(ifname=tb.dev(host, peer, p))[0]
-                    try:
-                        ipr.tc("add", "clsact", idx)
-                    except NetlinkError:
-                        pass                    # already there
-                    ipr.tc("replace-filter", "bpf", idx, handle=1, fd=self.obj.program(prog).fd, name=prog,
-                           parent=parent, prio=self.PRIO, classid=1, direct_action=True)
+        for host, peer, prog, parent in ((0, 1, "seqlog_tx_prog", TC_EGRESS), (1, 0, "seqlog_rx_prog", TC_INGRESS)):
+            for p in range(tb.n_planes):
+                attach_tc_bpf(tb.ns(host), tb.dev(host, peer, p), self.obj.program(prog).fd, prog, parent, self.PRIO)
 
     def start(self) -> None:
         counts = self.obj.map("seqlog_n")

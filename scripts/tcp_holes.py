@@ -78,21 +78,26 @@ def report(doc: dict) -> dict:
     def ms(t: int) -> float:
         return round((t - fault) / 1e6, 2)
 
+    def covers(seq: int, ln: int) -> bool:
+        return _rel(seq, base) <= hole < _rel(seq, base) + ln
+
+    end = since + length
+    hole_tx = [r for r in tx if covers(r[1], r[2])]
     sends = [{"ms": ms(ts), "ev": ev, "ifindex": ifx, "hedged": bool(fl & MRC_F_HEDGE), "psn": psn,
               "unit": [_rel(seq, base), _rel(seq, base) + ln]}
-             for ts, seq, ln, psn, ifx, ev, fl in tx if _rel(seq, base) <= hole < _rel(seq, base) + ln]
-    arrivals = [ms(ts) for ts, seq, ln in rx if _rel(seq, base) <= hole < _rel(seq, base) + ln]
-    end = since + length
+             for ts, seq, ln, psn, ifx, ev, fl in hole_tx]
+    arrivals = [ms(ts) for ts, seq, ln in rx if covers(seq, ln)]
     # units the sender resent while the hole stood: their range was sent before
     top, resent = -2**62, 0
     for ts, seq, ln, *_ in sorted(tx):
         s = _rel(seq, base)
-        if s + ln <= top and since <= ts <= end and not s <= hole < s + ln:
+        if s + ln <= top and since <= ts <= end and not covers(seq, ln):
             resent += 1
         top = max(top, s + ln)
     return {"stall_ms": round(length / 1e6, 2), "from_ms": ms(since), "hole": hole, "sends": sends,
             "arrivals": arrivals, "other_units_resent_in_stall": resent,
-            "hole_resent_in_stall": sum(1 for s in sends[1:] if since <= s["ms"] * 1e6 + fault <= end)}
+            "hole_resent_in_stall": sum(1 for r in hole_tx[1:] if since <= r[0] <= end)}
+
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

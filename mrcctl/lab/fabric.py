@@ -589,9 +589,6 @@ def _attach_ecn_marker(ns: str, dev: str, rate_Bps: int, queue_bytes: int) -> in
     and attach it to dev's egress in namespace ns. The filter keeps the
     program and its maps alive after this process closes its handles.
     Returns the id of its ecn_state map."""
-    from pyroute2 import NetNS
-    from pyroute2.netlink.exceptions import NetlinkError
-
     from ..datapath.libbpf import BpfObject, LibbpfError
 
     if not ECN_MARK_OBJ.exists():
@@ -605,19 +602,35 @@ def _attach_ecn_marker(ns: str, dev: str, rate_Bps: int, queue_bytes: int) -> in
     except LibbpfError as e:
         raise TestbedError(f"loading {ECN_MARK_OBJ.name}: {e}") from None
     try:
+        attach_tc_bpf(ns, dev, prog.fd, "ecn_mark", TC_EGRESS, FAULT_PREF_ECN)
+    except TestbedError as e:
+        raise TestbedError(f"attaching the CE marker: {e}") from None
+    finally:
+        obj.close()
+    return state_id
+
+
+TC_INGRESS, TC_EGRESS = 0xFFFFFFF2, 0xFFFFFFF3     # clsact's parents
+
+
+def attach_tc_bpf(ns: str, dev: str, fd: int, name: str, parent: int, prio: int) -> None:
+    """A loaded BPF program as a direct-action filter on dev's clsact
+    ingress or egress (`parent`) in namespace ns, at `prio`; the filter
+    keeps the program alive after its loader closes it."""
+    from pyroute2 import NetNS
+    from pyroute2.netlink.exceptions import NetlinkError
+
+    try:
         with NetNS(ns) as ipr:
             idx = ipr.link_lookup(ifname=dev)[0]
             try:
                 ipr.tc("add", "clsact", idx)
             except NetlinkError:
                 pass                                # already there
-            ipr.tc("replace-filter", "bpf", idx, handle=1, fd=prog.fd, name="ecn_mark",
-                   parent=0xFFFFFFF3, prio=FAULT_PREF_ECN, classid=1, direct_action=True)
+            ipr.tc("replace-filter", "bpf", idx, handle=1, fd=fd, name=name,
+                   parent=parent, prio=prio, classid=1, direct_action=True)
     except (NetlinkError, IndexError) as e:
-        raise TestbedError(f"attaching the CE marker to {dev} in {ns}: {e}") from None
-    finally:
-        obj.close()
-    return state_id
+        raise TestbedError(f"{name} on {dev} in {ns}: {e}") from None
 
 
 def _wait_listen(ns: str, port: int, timeout: float = 5.0) -> None:

@@ -345,16 +345,22 @@ def test_hedge_all_sends_copy_on_other_plane(hdp, veth):
     assert (hdp.stats(0).tx_hedged, hdp.stats(3).tx_hedged) == (0, 1)
 
 
-def test_suspect_path_is_hedged(hdp, veth):
+def suspect_path_0(hdp, veth) -> int:
+    """Path 0 (on a throwaway veth, for the copy) 3 ms late: past
+    hedge_after (1 ms), not dead (5 ms). Returns the time it was set."""
     paths = [wire.replace(PATHS[0], ifindex=veth), *PATHS[1:]]
     hdp.set_paths(paths)
     hdp.set_cfg(udp_port=UDP_PORT, flags=wire.MRC_CFG_LIVENESS | wire.MRC_CFG_HEDGE,
                 dead_after_us=DEAD_US, hedge_after_us=1000, recover_probes=3)
     hdp.set_slots([0])
     now = time.monotonic_ns()
-    # 3 ms late: past hedge_after (1 ms), not dead (5 ms)
     hdp.set_live(0, unacked_ns=now - 3 * MS, last_ack_ns=now - 4 * MS)
     hdp.set_seq(ack_max_ns=now)
+    return now
+
+
+def test_suspect_path_is_hedged(hdp, veth):
+    suspect_path_0(hdp, veth)
     ret, out = hdp.run_tx(inner_udp())
     assert ret == TC_ACT_REDIRECT and hdr_of(out).path_id == 3
     assert hdr_of(out).flags & wire.MRC_F_HEDGE
@@ -369,15 +375,8 @@ def test_suspect_path_without_partner_is_counted(hdp, veth):
     """A suspect unit goes out alone when no partner on another plane may
     carry a copy; hedge_no_path counts such units (an operator reading
     `status` sees that hedging could not cover a failing path)."""
-    paths = [wire.replace(PATHS[0], ifindex=veth), *PATHS[1:]]
-    hdp.set_paths(paths)
-    hdp.set_cfg(udp_port=UDP_PORT, flags=wire.MRC_CFG_LIVENESS | wire.MRC_CFG_HEDGE,
-                dead_after_us=DEAD_US, hedge_after_us=1000, recover_probes=3)
-    hdp.set_slots([0])
-    now = time.monotonic_ns()
-    hdp.set_live(0, unacked_ns=now - 3 * MS, last_ack_ns=now - 4 * MS)
+    suspect_path_0(hdp, veth)
     hdp.set_live(3, state=wire.PathState.ASSUMED_BAD)     # the only partner
-    hdp.set_seq(ack_max_ns=now)
     ret, out = hdp.run_tx(inner_udp())
     assert ret == TC_ACT_REDIRECT and hdr_of(out).path_id == 0
     assert not hdr_of(out).flags & wire.MRC_F_HEDGE
