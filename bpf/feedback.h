@@ -62,13 +62,16 @@ static __always_inline bool feedback_receipt(struct mrc_path_live *live,
 
 /*
  * tx: one of the peer's paths toward us and the tx_ts of the newest packet
- * received on it. Among the paths near the round-robin cursor whose newest
- * receipt was not echoed yet, echo the *oldest* one (else the cursor's path,
- * if fresh). Echoing in send order matters to the peer's judgement
- * (judge.h): if a later receipt on another path were echoed first, the peer
- * would see its reference move past a packet that did arrive, only not yet
- * said so - a false "dead" whenever reverse packets are few (pure ACKs,
- * delayed ACKs).
+ * received on it. Among the paths near the round-robin cursor with a
+ * receipt not echoed yet, echo the one echoed *least recently* (else the
+ * cursor's path, if fresh). Every path with receipts waits at most one
+ * round of the others: when reverse packets are few (pure ACKs, one per
+ * GSO unit on a tc plane), ordering by the newest receipt's send time
+ * starved the busiest paths, whose newest receipt is always recent - a 3x
+ * weighted plane went 20 ms without an echo and was retired in a transfer
+ * without a fault. Each echo covers everything the path delivered, so
+ * the round also bounds how far the peer's reference (judge.h) can move
+ * past a path's delivered but unechoed packets.
  */
 /* The scan of feedback_pick: the path to echo, or -1. One global function
  * with the loop open-coded, not bpf_loop: a callback is a call and a
@@ -79,7 +82,8 @@ __attribute__((noinline)) int feedback_scan(__u32 peer_idx, __u32 n_paths, __u32
 					    __u64 now)
 {
 	struct mrc_path_live *l;
-	__u32 i, p, pick_ts = 0;
+	__u64 pick_ns = 0;
+	__u32 i, p;
 	int pick = -1, first = -1;
 
 	for (i = 0; i < FEEDBACK_ECHO_SCAN; i++) {
@@ -95,9 +99,9 @@ __attribute__((noinline)) int feedback_scan(__u32 peer_idx, __u32 n_paths, __u32
 		if (i == 0)
 			first = p;
 		if (l->fb_echoed != l->last_rx_ts &&
-		    (pick < 0 || (__s32)(l->last_rx_ts - pick_ts) < 0)) {
+		    (pick < 0 || l->fb_echo_ns < pick_ns)) {
 			pick = p;
-			pick_ts = l->last_rx_ts;
+			pick_ns = l->fb_echo_ns;
 		}
 	}
 	return pick >= 0 ? pick : first;

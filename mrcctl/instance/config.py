@@ -36,11 +36,8 @@ class ConfigError(ValueError):
 # GSO unit arrives segmented only because `up` turns tx-udp-segmentation
 # off on the sender's virtual planes (reconcile.py), so a peer running an
 # mrc from before that can still send tc planes units a UDP socket drops.
-# The default stays XDP: with "auto" a CI run's weighted-planes test
-# (test_overlay.py, 3:1:1:1) gave the heavy plane 0.37 of the units
-# against 0.5, not yet explained (docs/benchmarks/receive-hook.md).
 RX_HOOKS = ("auto", "xdp", "tc")
-RX_HOOK_DEFAULT = "xdp"
+RX_HOOK_DEFAULT = "auto"
 
 
 @dataclass(frozen=True)

@@ -490,3 +490,25 @@ def test_echo_prefers_unechoed_receipt(hdp):
     h = hdr_of(out)
     assert h.flags & wire.MRC_F_FEEDBACK and h.fb_path == 2 and h.fb_ts == 222
     assert hdp.live(2).fb_echoed == 222
+
+
+def test_echo_serves_the_least_recently_echoed_path(hdp):
+    """Among paths with receipts to echo, the one echoed longest ago goes
+    first, however recent its newest receipt: ordered by the newest
+    receipt's send time, a busy path (always a fresh receipt) lost to every
+    quieter one while echoes were few, and a 3x weighted plane's paths
+    were retired in transfers without a fault (bpf/feedback.h)."""
+    hdp.set_slots([0])
+    t = time.monotonic_ns()
+    hdp.set_seq(fb_cursor=0)
+    # path 0 is busy: its newest receipt is the freshest, its last echo the oldest
+    hdp.set_live(0, last_rx_ns=t, last_rx_ts=300, fb_echoed=100, fb_echo_ns=t - 10 * MS)
+    hdp.set_live(2, last_rx_ns=t, last_rx_ts=200, fb_echoed=150, fb_echo_ns=t - 1 * MS)
+    echoed = []
+    for _ in range(3):
+        _, out = hdp.run_tx(inner_udp())
+        h = hdr_of(out)
+        echoed.append((h.fb_path, h.fb_ts) if h.flags & wire.MRC_F_FEEDBACK else None)
+    # then path 2; then nothing left unechoed: the cursor's path, if fresh
+    assert echoed[:2] == [(0, 300), (2, 200)], echoed
+    assert hdp.live(0).fb_echoed == 300 and hdp.live(2).fb_echoed == 200

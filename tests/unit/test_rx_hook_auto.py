@@ -21,5 +21,6 @@ def test_auto_is_tc_on_a_veth_and_xdp_on_a_device_without_link_kind(veth):
         assert rx_hook_of(cfgmod.Plane(index=0, device=name, rx_hook="xdp"), nl) == "xdp"
         assert rx_hook_of(cfgmod.Plane(index=0, device="lo", rx_hook="tc"), nl) == "tc"
         assert rx_hook_of(cfgmod.Plane(index=0, device=name, rx_hook="auto"), nl) == "tc"
-        # the default (config.RX_HOOK_DEFAULT) is XDP
-        assert rx_hook_of(cfgmod.Plane(index=0, device=name), nl) == "xdp"
+        # the default (config.RX_HOOK_DEFAULT) is auto
+        assert rx_hook_of(cfgmod.Plane(index=0, device=name), nl) == "tc"
+        assert rx_hook_of(cfgmod.Plane(index=0, device="lo"), nl) == "xdp"
