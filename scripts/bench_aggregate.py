@@ -211,7 +211,8 @@ def teardown_mptcp(lab: Lab) -> None:
 
 MRC_VARIANTS = {
     # name: (spray, weights mode, plane weights from rates?, gso_max_size, plane rx_hook)
-    # defaults: spraying unit 64 KiB / planes, >= 16 KiB (Config.spray_unit), [health] defaults,
+    # defaults: spraying unit 64 KiB on these on-link tc veth planes, else 64 KiB / planes, >= 16 KiB
+    # (Config.spray_unit), [health] defaults,
     # rx_hook from the config (default auto: tc ingress on these veth planes)
     "mrc weighted": ("weighted", "fixed", True, None, None),
     # the receive hook: XDP costs the sender's veth its TSO (every unit
@@ -219,8 +220,9 @@ MRC_VARIANTS = {
     "mrc weighted xdp-rx": ("weighted", "fixed", True, None, "xdp"),
     "mrc weighted tc-rx": ("weighted", "fixed", True, None, "tc"),
     # the unit bounds the reordering between planes (about planes - 1 units):
-    # the kernel's 64 KiB for comparison, and 8 KiB (less reordering, more CPU)
-    "mrc weighted 64K": ("weighted", "fixed", True, 65536, None),
+    # 16 KiB (the default where units arrive segment by segment: XDP, NICs)
+    # and 8 KiB (less reordering, more CPU) against the tc default, 64 KiB
+    "mrc weighted 16K": ("weighted", "fixed", True, 16384, None),
     "mrc weighted 8K": ("weighted", "fixed", True, 8192, None),
     "mrc adaptive": ("weighted", "adaptive", False, None, None),
     # nothing configured but the planes and the peer: equal weights, fixed
@@ -230,7 +232,7 @@ MRC_VARIANTS = {
 }
 # methods of the shaped scenarios (the rx-hook pair runs unshaped, where the CPU is the limit)
 SHAPED_METHODS = ["tcp 1 plane", "ecmp", "mptcp", *[m for m in MRC_VARIANTS if "-rx" not in m]]
-UNSHAPED_METHODS = ["tcp 1 plane", "mptcp", "mrc weighted xdp-rx", "mrc weighted tc-rx", "mrc weighted 64K"]
+UNSHAPED_METHODS = ["tcp 1 plane", "mptcp", "mrc weighted xdp-rx", "mrc weighted tc-rx", "mrc weighted 16K"]
 
 
 def mrc_config(lab: Lab, rates: list, spray: str, mode: str, by_rate: bool, gso, evs: int,
@@ -708,16 +710,20 @@ NOTES = """
 
 * **Spraying unit and reordering.** mrc sprays GSO units (skbs), not wire packets (per-packet
   spraying caps one TCP connection near 0.3 Gbit/s on this VM). Units sent round robin over n
-  planes drain in parallel, so the receiver sees segments of up to n units interleaved: a reorder
-  distance of about (n - 1) units, which Linux's RACK (reordering window min_rtt / 4, tens of µs on
-  veth) takes for loss: with the kernel's 64 KiB units (`mrc weighted 64K`) that is 5-15 %
-  retransmissions, nearly all spurious (DSACKs; mrc's receiver counts no lost PSN). Two defaults
-  answer it: the slot table alternates planes from one slot to the next (units drain side by side
-  instead of queueing behind each other on one plane), and the overlay's unit is 64 KiB / planes,
-  at least 16 KiB (`overlay.gso_max_size` overrides it). `8K` halves the unit. On unequal
-  planes it gave 0.17-0.9 % retransmissions, against 0.65-1.1 % with the default unit, for 0-8 %
-  less goodput (over the day's runs; usually fewer retransmissions, not always). On equal planes
-  and on 8 planes the CPU cost of twice the units outweighs what it saves.
+  planes drain in parallel, so the receiver sees up to n units interleaved: a reorder distance of
+  about (n - 1) units. What TCP makes of it depends on how a unit reaches it:
+  - With the tc receive hook on veth planes (the default there, `rx_hook = "auto"`) a unit crosses
+    the plane whole and TCP takes it as one skb (`wire pkts / skb` below): reordering is between
+    whole units only. There the default unit is the kernel's 64 KiB; `mrc weighted 16K` is the
+    unit of the XDP default on the same planes, `8K` half of that.
+  - With XDP (and on NICs, which do not offload mrc's UDP port) TCP gets a unit segment by
+    segment, interleaved with the other planes' segments, and Linux's RACK (reordering window
+    min_rtt / 4, tens of µs on veth) takes that for loss: with 64 KiB units 5-15 % retransmissions,
+    nearly all spurious (DSACKs; mrc's receiver counts no lost PSN). There the unit is 64 KiB /
+    planes, at least 16 KiB (`overlay.gso_max_size` overrides either), and the slot table
+    alternates planes from one slot to the next (units drain side by side instead of queueing
+    behind each other on one plane). With XDP, 8 KiB units on unequal planes gave 0.17-0.9 %
+    retransmissions against 0.65-1.1 % at 16 KiB, for 0-8 % less goodput.
 * **The sender's TCP sysctls** (`tcp_reordering` 300, `tcp_recovery` 0, `tcp_max_reordering`) were
   measured during development and did not cut the spurious retransmissions of 64 KiB units
   (RACK's window is bounded by min_rtt and srtt, not by these). `tcp_min_rtt_wlen = 0` (min_rtt
@@ -741,11 +747,12 @@ NOTES = """
     0.3 to 11 % on the slow planes, so only averages say anything.
   - Ordering the slots by earliest finish time (each plane's k-th unit finishes at k / weight)
     was tried before this and was no better.
-* **CPU ceiling.** `unshaped` shows what this 2-core VM can carry: mrc's XDP decapsulation and
-  encapsulation cost per packet, and the same two cores run both hosts, iperf3 and (during these
-  runs) other engineers' tests. Where the mrc ceiling is near or below the sum of the plane rates,
-  the shaped rows measure the CPU, not the planes. MPTCP has no per-packet BPF work, so it reaches
-  the plane sum on the same machine.
+* **CPU ceiling.** `unshaped` shows what this 2-core VM can carry; the same two cores run both
+  hosts and iperf3. With XDP on a veth (`xdp-rx`) the sender segments every unit in software and
+  the receiver copies each segment into a page of its own before the program runs: about 4 Gbit/s,
+  near the shaped planes' sum, so with XDP the shaped rows measure the CPU, not the planes. With
+  the tc hook a unit crosses whole (`wire pkts / skb`): with 16 KiB units about 10 Gbit/s, with
+  the default 64 KiB about 25, three quarters of plain TCP over one veth.
 * **Adaptive weights** re-weight a plane only when some plane has a queue of its own; when the CPU
   is the bottleneck no plane saturates and the weights stay where they are (for unequal planes
   that is wherever the probing had got them, so fixed weights set to the plane rates do better
@@ -776,15 +783,16 @@ NOTES = """
   advance, which one CPU at a time performs (else a PSN marked by one CPU while another moved
   the window could be wiped and counted lost). The bare programs themselves vary 65-85 ns
   between runs, which moves every ratio by +-10 %.
-* **Where the goals stand** (seven runs on the same day). On equal planes one connection reaches
-  0.92-0.96 x MPTCP (ceiling 0.98 x, above), on 8 planes 0.85-0.97 x. On unequal planes it reaches
-  1.04-1.15 x MPTCP and 0.88-0.90 x the sum (goal 0.90 x), with retransmissions of 0.65-1.1 % of
-  segments, nearly all spurious (DSACKs): the
-  run-to-run noise straddles both the 0.90 x and the 1 % line. The `unshaped` rows put mrc's
-  CPU ceiling at 3.7-4.4 Gbit/s (16 KiB units) on this 2-core VM, near the sum of the shaped planes:
-  with native XDP on a veth the sender segments every unit in software and the receiver copies
-  each segment into a page of its own before the program runs, which plain veth (22 Gbit/s for
-  TCP) never does.
+* **Where the goals stand** (issues #12 and #16; the run above, 2026-12-02, defaults: tc hook,
+  64 KiB units on these on-link veth planes). Equal planes: 0.97 x MPTCP (ceiling 0.98 x, above);
+  8 planes 0.94 x; unequal planes with weights set to the rates 1.11 x MPTCP, 0.89 x the sum,
+  with 0.25 % retransmissions. Every default mrc row stayed under 1 % retransmissions; with
+  16 KiB units on the same planes they reached 0.8-3 %. CPU per GB moved (machine): 0.74-0.87 s
+  for the default rows against 0.65-0.74 s for MPTCP (1.0-1.3 x), and 16 KiB units cost twice
+  that. Unshaped: 25 Gbit/s, 0.77 x plain TCP over one veth. Not reached: the per-unit cost
+  (mrc_tx and mrc_rx at 1.5 x their floors), and anything on planes where units arrive segmented
+  (XDP, NICs, routed hops), which keep 16 KiB units and the XDP figures of earlier runs: 0.92-0.96
+  x MPTCP on equal planes and a CPU ceiling near 4 Gbit/s.
 """
 
 

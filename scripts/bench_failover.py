@@ -259,7 +259,8 @@ DESIGN = """
 
 * **Evidence.** Every MRC header echoes, for one of the peer's paths, the send timestamp of the
   newest packet received on it (`fb_path`/`fb_ts`); the receiver picks, among the paths that have a
-  receipt not yet echoed, the *oldest* one, so evidence comes back in send order. The sender dates
+  receipt not yet echoed, the one it echoed least recently, so each waits at most one round of the
+  others (echoing the oldest receipt first starved busy paths when reverse packets were few). The sender dates
   evidence by the send time of the packet it confirms (`last_ack_ns`), keeps per path a smoothed
   send-to-evidence delay (`ev_rtt_us`, from new evidence only: a dead path keeps receiving echoes
   of its last receipt) and per peer the newest confirmed send time (`ack_max_ns`, data only).

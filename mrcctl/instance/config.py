@@ -297,16 +297,25 @@ class Config:
     def auth(self) -> bool:
         return any(self.key_file_of(p) for p in self.peers)
 
-    def spray_unit(self) -> int:
-        """The overlay's gso_max_size. Default 64 KiB / planes, at least
-        16 KiB: units sprayed over n planes drain in parallel, so TCP sees
-        reordering of about (n - 1) units. Measured one TCP connection on
-        4 x 1 Gbit/s: 64 KiB units 3.22 Gbit/s with 8.5 % retransmissions,
-        32 KiB 3.43 / 5.3 %, 16 KiB 3.58 / 0.45 %; on 8 x 0.5 Gbit/s 16 KiB
-        beat 8 KiB (3.48 against 3.20 Gbit/s): below 16 KiB the per-unit CPU
-        cost wins (docs/benchmarks/aggregation.md)."""
+    def spray_unit(self, whole_units: bool = False) -> int:
+        """The overlay's gso_max_size. Units sprayed over n planes drain in
+        parallel, so the receiver sees reordering of about (n - 1) units.
+        Where a unit reaches the peer's TCP segment by segment (XDP, NICs:
+        whole_units False), 64 KiB / planes, at least 16 KiB: one TCP
+        connection on 4 x 1 Gbit/s veth planes received with XDP moved
+        3.22 Gbit/s with 8.5 % retransmissions at 64 KiB, 3.58 / 0.45 % at
+        16 KiB; on 8 x 0.5 Gbit/s 16 KiB beat 8 KiB (3.48 against 3.20):
+        below 16 KiB the per-unit CPU cost wins. Where every plane is a
+        virtual device received at tc ingress and every peer is on-link
+        (whole_units, decided by `up`), a unit crosses whole and TCP takes
+        it as one skb, reordered only against other units: 64 KiB, the
+        kernel's own, moved 3.59-3.66 Gbit/s on those planes with 0.4-0.8 %
+        retransmissions, 16 KiB the same goodput with 0.4-3.6 %, at twice
+        the CPU per GB (docs/benchmarks/aggregation.md)."""
         if self.gso_max_size:
             return self.gso_max_size
+        if whole_units:
+            return 65536
         return max(16384, 65536 // max(1, len(self.planes)))
 
     @property

@@ -57,6 +57,15 @@ def test_transfer_crosses_the_spines_its_evs_hash_to(lab):
             assert abs(moved[(p, spine)] / plane_total - share) < 0.15, (p, spines, moved)
 
 
+def test_units_are_sized_for_segments_behind_a_gateway(lab):
+    """Peers behind a leaf gateway: a routed hop may segment a unit, so the
+    spraying unit is 64 KiB / planes on either hook, not the whole 64 KiB
+    of on-link tc planes (reconcile.py, config.spray_unit)."""
+    for i in lab.tb.hosts():
+        link = json.loads(lab.tb.exec(i, ["ip", "-j", "-d", "link", "show", "dev", "mrc0"]).stdout)[0]
+        assert link["gso_max_size"] == 65536 // PLANES
+
+
 def test_probes_reach_every_path_through_the_gateway(lab):
     deadline = time.monotonic() + 10
     while True:

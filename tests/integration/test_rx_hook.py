@@ -77,6 +77,10 @@ def test_hook_attached_and_shown(lab):
             xdp, tc = rx_prog(lab, i, p["device"])
             assert (bool(xdp), bool(tc)) == ((True, False) if lab.hook == "xdp" else (False, True))
         assert lab.hook in lab.mrcctl(i, "status").stdout
+        # the spraying unit: whole 64 KiB units where tc takes them whole
+        # from a veth, 64 KiB / planes where XDP sees them segment by segment
+        link = json.loads(lab.tb.exec(i, ["ip", "-j", "-d", "link", "show", "dev", "mrc0"]).stdout)[0]
+        assert link["gso_max_size"] == (65536 if lab.hook == "tc" else 65536 // PLANES)
 
 
 # A GSO unit carries at most 64 KiB, so no skb holds more wire PSNs than this.

@@ -127,3 +127,15 @@ def test_config_errors_name_the_key(peer, extra, msg):
 def test_gso_max_size_range():
     with pytest.raises(cfgmod.ConfigError, match="overlay.gso_max_size: 100 is out of range"):
         cfgmod.parse(BASE.format(peer="", extra="").replace("[overlay]\n", "[overlay]\ngso_max_size = 100\n"))
+
+
+def test_spray_unit_default():
+    """64 KiB / planes (at least 16 KiB) where units reach TCP segment by
+    segment; 64 KiB where every plane takes them whole (tc on veth); an
+    explicit overlay.gso_max_size wins over both."""
+    c = parse()
+    n = len(c.planes)
+    assert c.spray_unit() == max(16384, 65536 // n)
+    assert c.spray_unit(whole_units=True) == 65536
+    c = cfgmod.parse(BASE.format(peer="", extra="").replace("[overlay]\n", "[overlay]\ngso_max_size = 8192\n"))
+    assert c.spray_unit() == c.spray_unit(whole_units=True) == 8192
