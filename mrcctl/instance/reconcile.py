@@ -291,8 +291,8 @@ def _apply(cfg, inst, nl, planes, mtu, digest, prior, neigh_wait: float = NEIGH_
     # unless the units cross every plane whole (config.spray_unit): virtual
     # planes received at tc ingress, every peer on-link. A routed hop may
     # segment a unit on the way (the fabric testbed's shaped links do; a
-    # real switch carries wire packets only): 64 KiB units there moved 8 %
-    # less, with 4 RTOs in 20 failover trials (docs/benchmarks/aggregation.md).
+    # real switch carries wire packets only), and TCP then takes it segment
+    # by segment, as with XDP (docs/benchmarks/receive-hook.md).
     whole = bool(hooks) and all(h == "tc" and topology.link_kind(d) for d, h in hooks.items()) and \
         all(hop == key[1] for key, (_, hop) in hops.items())
     _step("setting gso_max_size", nl.ipr.link, "set", index=overlay_ifindex,
