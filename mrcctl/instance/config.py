@@ -306,7 +306,7 @@ class Config:
         3.22 Gbit/s with 8.5 % retransmissions at 64 KiB, 3.58 / 0.45 % at
         16 KiB; on 8 x 0.5 Gbit/s 16 KiB beat 8 KiB (3.48 against 3.20):
         below 16 KiB the per-unit CPU cost wins. Where every plane is a
-        virtual device received at tc ingress and every peer is on-link
+        veth received at tc ingress and every peer is on-link
         (whole_units, decided by `up`), a unit crosses whole and TCP takes
         it as one skb, reordered only against other units: 64 KiB, the
         kernel's own, moved 3.59-3.66 Gbit/s on those planes with 0.4-0.8 %

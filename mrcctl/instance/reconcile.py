@@ -148,6 +148,19 @@ def _attached(inst: Instance, cfg: cfgmod.Config, nl: topology.Netlink, prior: d
     return True
 
 
+def units_cross_whole(hooks: dict[str, str], hops: dict, kind=topology.link_kind) -> bool:
+    """Does every unit reach the peer's TCP as the one skb it left as?
+    Only over veth planes received at tc ingress (hooks: device -> hook)
+    toward on-link peers (hops: (device, peer address) -> (ifindex, next
+    hop), topology.Netlink.poke_neighbours). A NIC under a vlan or macvlan
+    plane segments every unit (no NIC offloads a tunnel on mrc's port), so
+    may a routed hop (the fabric testbed's shaped links do; a real switch
+    carries wire packets only), and TCP then takes it segment by segment,
+    as with XDP (docs/benchmarks/receive-hook.md)."""
+    return bool(hooks) and all(h == "tc" and kind(d) == "veth" for d, h in hooks.items()) and \
+        all(hop == addr for (_, addr), (_, hop) in hops.items())
+
+
 def rx_hook_of(plane: cfgmod.Plane, nl: topology.Netlink | None = None) -> str:
     """The receive hook a plane gets: its rx_hook, "auto" decided by the device."""
     return plane.rx_hook if plane.rx_hook != "auto" else topology.auto_rx_hook(plane.device)
@@ -288,15 +301,9 @@ def _apply(cfg, inst, nl, planes, mtu, digest, prior, neigh_wait: float = NEIGH_
     _step("creating the overlay device", nl.create_overlay, cfg.overlay_device, mtu, cfg.overlay_addresses)
     overlay_ifindex = nl.index(cfg.overlay_device)
     # The spraying unit: smaller units, less reordering between planes,
-    # unless the units cross every plane whole (config.spray_unit): virtual
-    # planes received at tc ingress, every peer on-link. A routed hop may
-    # segment a unit on the way (the fabric testbed's shaped links do; a
-    # real switch carries wire packets only), and TCP then takes it segment
-    # by segment, as with XDP (docs/benchmarks/receive-hook.md).
-    whole = bool(hooks) and all(h == "tc" and topology.link_kind(d) for d, h in hooks.items()) and \
-        all(hop == key[1] for key, (_, hop) in hops.items())
+    # unless the units cross every plane whole (config.spray_unit).
     _step("setting gso_max_size", nl.ipr.link, "set", index=overlay_ifindex,
-          gso_max_size=cfg.spray_unit(whole_units=whole))
+          gso_max_size=cfg.spray_unit(whole_units=units_cross_whole(hooks, hops)))
 
     for rt in planes:
         key = f"net/ipv4/conf/{rt.plane.device}/rp_filter"

@@ -139,3 +139,20 @@ def test_spray_unit_default():
     assert c.spray_unit(whole_units=True) == 65536
     c = cfgmod.parse(BASE.format(peer="", extra="").replace("[overlay]\n", "[overlay]\ngso_max_size = 8192\n"))
     assert c.spray_unit() == c.spray_unit(whole_units=True) == 8192
+
+
+def test_units_cross_whole_only_over_on_link_tc_veths():
+    """The 64 KiB unit is for veth planes received at tc ingress with every
+    peer on-link; a vlan or macvlan plane (a NIC below segments), an XDP
+    plane or a peer behind a gateway keeps 64 KiB / planes."""
+    from mrcctl.instance.reconcile import units_cross_whole
+    kinds = {"a": "veth", "b": "veth", "v": "vlan", "n": None}
+    kind = kinds.get
+    on_link = {("a", "10.0.0.2"): (3, "10.0.0.2"), ("b", "10.1.0.2"): (4, "10.1.0.2")}
+    assert units_cross_whole({"a": "tc", "b": "tc"}, on_link, kind)
+    assert not units_cross_whole({"a": "tc", "b": "xdp"}, on_link, kind)
+    assert not units_cross_whole({"a": "tc", "v": "tc"}, on_link, kind)
+    assert not units_cross_whole({"a": "tc", "n": "tc"}, on_link, kind)
+    routed = {**on_link, ("b", "10.9.0.2"): (4, "10.1.0.1")}
+    assert not units_cross_whole({"a": "tc", "b": "tc"}, routed, kind)
+    assert not units_cross_whole({}, {}, kind)
