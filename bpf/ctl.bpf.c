@@ -30,12 +30,9 @@ int mrc_ctl(struct xdp_md *ctx)
 	if (__sync_val_compare_and_swap(&live->state, MRC_PATH_GOOD,
 					MRC_PATH_ASSUMED_BAD) != MRC_PATH_GOOD)
 		return XDP_DROP;
-	/* As judge_retire: the winner of the transition dates it and
-	 * restarts the recovery count; no ring event, the agent logs its own
-	 * reason (link_down, probe_loss). */
-	live->bad_ns = bpf_ktime_get_ns();
-	live->probe_ok = 0;
-	live->strike_ns = 0;
+	/* No ring event: the agent logs its own reason (link_down,
+	 * probe_loss). */
+	path_retired(live, bpf_ktime_get_ns());
 	return XDP_PASS;
 }
 

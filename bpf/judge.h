@@ -29,12 +29,6 @@
 #include "stats.h"
 #include "events.h"
 
-/* A relapse to ASSUMED_BAD within this long of recovering doubles the
- * probes needed next time (up to 2^HEALTH_MAX_FLAPS times recover_probes):
- * a flapping plane settles to ASSUMED_BAD instead of oscillating. */
-#define HEALTH_FLAP_WINDOW_NS	(1000ULL * 1000 * 1000)
-#define HEALTH_MAX_FLAPS	4
-
 enum health_verdict {
 	H_UNUSABLE	= -1,
 	H_OK		= 0,
@@ -87,15 +81,7 @@ static __always_inline bool judge_retire(__u32 peer_idx, __u32 pid,
 	if (__sync_val_compare_and_swap(&live->state, MRC_PATH_GOOD,
 					MRC_PATH_ASSUMED_BAD) != MRC_PATH_GOOD)
 		return false;
-	if (live->good_ns && now - live->good_ns < HEALTH_FLAP_WINDOW_NS) {
-		if (live->flaps < HEALTH_MAX_FLAPS)
-			live->flaps += 1;
-	} else {
-		live->flaps = 0;
-	}
-	live->bad_ns = now;
-	live->probe_ok = 0;
-	live->strike_ns = 0;
+	path_retired(live, now);
 	HSTAT_INC(dead);
 	event_emit(peer_idx, pid, MRC_PATH_GOOD, MRC_PATH_ASSUMED_BAD,
 		   MRC_EV_DEAD, (__u32)((now - un) / 1000), now);

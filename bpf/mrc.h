@@ -310,13 +310,15 @@ struct mrc_path_live {
 	__u64	strike_ns;	/* sender: send time of the unit a first overdue
 				 * verdict found uncovered, waiting for a second
 				 * verdict (0: none); evidence covering that unit
-				 * clears it; writer: mrc_tx (judge.h) */
+				 * clears it; writer: mrc_tx (judge.h), and 0 by
+				 * the winner of the CAS to ASSUMED_BAD (path.h
+				 * path_retired) */
 	__u64	fb_echo_ns;	/* receiver: when reverse data last carried an
 				 * echo of this path; writer: mrc_tx
 				 * (feedback.h) */
 	__u64	bad_ns;		/* when it last left GOOD; writer: whichever
 				 * program won the CAS on state to ASSUMED_BAD
-				 * (judge.h, ctl.bpf.c: one per transition) */
+				 * (path.h path_retired: one per transition) */
 	__u64	good_ns;	/* when it last returned to GOOD; writer:
 				 * mrc_rx (evidence.h) */
 	__u64	fb_frame_ns;	/* receiver: when a feedback frame for this path
@@ -330,7 +332,9 @@ struct mrc_path_live {
 	__u32	fb_echoed;	/* receiver: last_rx_ts value already echoed;
 				 * writer: mrc_tx (feedback.h) */
 	__u32	flaps;		/* quick GOOD -> BAD relapses (damping level);
-				 * writer: mrc_tx (judge.h) */
+				 * writer: the winner of the CAS to
+				 * ASSUMED_BAD (path.h path_retired: mrc_tx,
+				 * mrc_ctl) */
 	__u32	probe_ok;	/* consecutive probe replies while ASSUMED_BAD;
 				 * writers: mrc_rx (evidence.h), and 0 by the
 				 * winner of the CAS to ASSUMED_BAD (judge.h,

@@ -120,6 +120,31 @@ static __always_inline __u64 path_outstanding_ns(const struct mrc_path_live *l)
 	return un && (__s64)(l->last_ack_ns - un) < 0 ? un : 0;
 }
 
+/* A relapse to ASSUMED_BAD within this long of recovering doubles the
+ * probes needed next time (up to 2^HEALTH_MAX_FLAPS times recover_probes):
+ * a flapping plane settles to ASSUMED_BAD instead of oscillating. */
+#define HEALTH_FLAP_WINDOW_NS	(1000ULL * 1000 * 1000)
+#define HEALTH_MAX_FLAPS	4
+
+/* The bookkeeping of a GOOD -> ASSUMED_BAD transition, for whichever
+ * program won the compare-and-swap on state (judge.h for the datapath's
+ * verdicts, ctl.bpf.c for the agent's): both kinds of retirement date it,
+ * restart the recovery count and count toward the damping, or a plane
+ * the agent retires on probe loss would recover after recover_probes
+ * every time it flaps. */
+static __always_inline void path_retired(struct mrc_path_live *live, __u64 now)
+{
+	if (live->good_ns && now - live->good_ns < HEALTH_FLAP_WINDOW_NS) {
+		if (live->flaps < HEALTH_MAX_FLAPS)
+			live->flaps += 1;
+	} else {
+		live->flaps = 0;
+	}
+	live->bad_ns = now;
+	live->probe_ok = 0;
+	live->strike_ns = 0;
+}
+
 /* An all-zero destination MAC means "resolve through the neighbour table"
  * (routed underlay, next hop not known to the agent). */
 static __always_inline bool path_via_neigh(const struct mrc_path *p)

@@ -10,7 +10,8 @@ shaped with tbf), with one iperf3 connection each:
 * plain TCP on one plane, ECMP (a multipath route over every plane,
   fib_multipath_hash_policy=1), MPTCP (mptcpize + `signal` endpoints, limits
   8 subflows), and mrc in each spray mode (weighted with fixed weights,
-  weighted with adaptive weights, flowlet, hash);
+  weighted with the defaults (adaptive weights), with equal fixed weights,
+  flowlet, hash);
 * scenarios: equal planes 4 x 1 Gbit/s, unequal 2 / 1 / 0.5 / 0.5 Gbit/s,
   8 planes x 0.5 Gbit/s, and an unshaped 4-plane run (the CPU-bound ceiling
   of this machine, so a reader can tell when the CPU and not the planes
@@ -210,37 +211,40 @@ def teardown_mptcp(lab: Lab) -> None:
 
 
 MRC_VARIANTS = {
-    # name: (spray, weights mode, plane weights from rates?, gso_max_size, plane rx_hook)
-    # defaults: spraying unit 64 KiB on these on-link tc veth planes, else 64 KiB / planes, >= 16 KiB
-    # (Config.spray_unit), [health] defaults,
-    # rx_hook from the config (default auto: tc ingress on these veth planes)
-    "mrc weighted": ("weighted", "fixed", True, None, None),
+    # name: (spray, weights mode (None: the default), plane weights (True: from the rates,
+    # False: all 1, None: none typed), gso_max_size, plane rx_hook)
+    # every row: spraying unit 64 KiB on these on-link tc veth planes, else 64 KiB / planes,
+    # >= 16 KiB (Config.spray_unit), [health] defaults, rx_hook from the config (default
+    # auto: tc ingress on these veth planes)
+    "mrc weighted": ("weighted", None, True, None, None),
     # the receive hook: XDP costs the sender's veth its TSO (every unit
     # segmented in software), tc ingress decapsulates whole GSO units
-    "mrc weighted xdp-rx": ("weighted", "fixed", True, None, "xdp"),
-    "mrc weighted tc-rx": ("weighted", "fixed", True, None, "tc"),
+    "mrc weighted xdp-rx": ("weighted", None, True, None, "xdp"),
+    "mrc weighted tc-rx": ("weighted", None, True, None, "tc"),
     # the unit bounds the reordering between planes (about planes - 1 units):
     # 16 KiB (the default where units arrive segment by segment: XDP, NICs)
     # and 8 KiB (less reordering, more CPU) against the tc default, 64 KiB
-    "mrc weighted 16K": ("weighted", "fixed", True, 16384, None),
-    "mrc weighted 8K": ("weighted", "fixed", True, 8192, None),
-    "mrc adaptive": ("weighted", "adaptive", False, None, None),
-    # nothing configured but the planes and the peer: equal weights, fixed
-    "mrc defaults": ("weighted", "fixed", False, None, None),
-    "mrc flowlet": ("flowlet", "fixed", True, None, None),
-    "mrc hash": ("hash", "fixed", True, None, None),
+    "mrc weighted 16K": ("weighted", None, True, 16384, None),
+    "mrc weighted 8K": ("weighted", None, True, 8192, None),
+    # nothing configured but the planes and the peer: adaptive weights
+    "mrc defaults": ("weighted", None, None, None, None),
+    # equal weights typed in, fixed (the default before adaptive weights were)
+    "mrc fixed equal": ("weighted", None, False, None, None),
+    "mrc flowlet": ("flowlet", None, True, None, None),
+    "mrc hash": ("hash", None, True, None, None),
 }
 # methods of the shaped scenarios (the rx-hook pair runs unshaped, where the CPU is the limit)
 SHAPED_METHODS = ["tcp 1 plane", "ecmp", "mptcp", *[m for m in MRC_VARIANTS if "-rx" not in m]]
 UNSHAPED_METHODS = ["tcp 1 plane", "mptcp", "mrc weighted xdp-rx", "mrc weighted tc-rx", "mrc weighted 16K"]
 
 
-def mrc_config(lab: Lab, rates: list, spray: str, mode: str, by_rate: bool, gso, evs: int,
+def mrc_config(lab: Lab, rates: list, spray: str, mode: str | None, by_rate: bool | None, gso, evs: int,
                rx_hook: str | None = None):
     bits = [rate_bits(r) or 10**9 for r in rates]
     unit = min(bits)
-    weights = [max(1, round(b / unit)) for b in bits] if by_rate else [1] * len(rates)
-    extra = f'[weights]\nmode = "{mode}"\n'
+    weights = None if by_rate is None else \
+        [max(1, round(b / unit)) for b in bits] if by_rate else [1] * len(rates)
+    extra = f'[weights]\nmode = "{mode}"\n' if mode else ""
     for i in (0, 1):
         text = lab.tb.mrc_config(i, evs=evs, weights=weights, extra=extra,
                                  peer_extra=f'spray = "{spray}"', rx_hook=rx_hook)
@@ -517,8 +521,7 @@ while time.monotonic() < end:
 def up_latency_and_rss(tmp: Path, log, prefix: str = PREFIX) -> dict:
     out = {}
     (tmp / "uplat").mkdir(exist_ok=True)
-    with Lab(tmp / "uplat", hosts=2, planes=4, evs=4, prefix=prefix,
-             extra='[weights]\nmode = "adaptive"\n') as lab:
+    with Lab(tmp / "uplat", hosts=2, planes=4, evs=4, prefix=prefix) as lab:
         lab.up([1])
         ready = tmp / "uplat-ready"
         recv = lab.tb.popen(1, [sys.executable, "-c", RECV_PY, lab.overlay(1), "20", str(ready)],
@@ -753,12 +756,19 @@ NOTES = """
   near the shaped planes' sum, so with XDP the shaped rows measure the CPU, not the planes. With
   the tc hook a unit crosses whole (`wire pkts / skb`): with 16 KiB units about 10 Gbit/s, with
   the default 64 KiB about 25, three quarters of plain TCP over one veth.
-* **Adaptive weights** re-weight a plane only when some plane has a queue of its own; when the CPU
-  is the bottleneck no plane saturates and the weights stay where they are (for unequal planes
-  that is wherever the probing had got them, so fixed weights set to the plane rates do better
-  there). With the planes the bottleneck (tests/integration/test_aggregation.py, 200/100/50/50
-  Mbit/s) the shares converge to the rates within a few percent and follow a rate change within
-  30-100 ms of traffic.
+* **Adaptive weights (the default: `mrc defaults`, nothing configured but planes and peer)** start
+  from the planes' known first-hop rates (here each plane's tbf) and hold there while every queue
+  is the planes' own: on unequal planes the shares are the rates from the first byte, as if typed
+  (`mrc weighted`), and on equal ones nothing moves. A plane's share moves only when a queue beyond
+  its first hop stands (its echoed delay without a local backlog) or its rate changes (read from
+  its qdisc: tests/integration/test_aggregation.py follows a cut within 13 ms of traffic). Before
+  these were read, adaptive mode learned every rate from what the planes delivered, which under a
+  CPU limit is noise: its weights drifted (0.49 / 0.25 / 0.16 / 0.10), it rewrote the slot table
+  20-30 times a second, and its agent took half a core (4.5 CPU-seconds per 8 s transfer, a
+  pyroute2 netlink dump and a 1,000-slot table per step); it gave 1.00 x MPTCP where typed weights
+  gave 1.11 x. Now: about 1.1 CPU-seconds per 8 s, few rewrites, and the `background %` of the
+  default rows (the agents between transfers) 4-8 % of the machine against 1-2 % with fixed weights.
+  `mrc fixed equal` is the old default (equal weights typed in).
 * **flowlet / hash** keep one TCP connection on one path (a bulk flow never pauses long enough to
   start a new flowlet), so they give one plane's rate: the ECMP-like baseline, without reordering.
 * Every mrc row runs the default `[health]` (dead_after_ms 20): an earlier default of 5 ms retired
@@ -783,16 +793,19 @@ NOTES = """
   advance, which one CPU at a time performs (else a PSN marked by one CPU while another moved
   the window could be wiped and counted lost). The bare programs themselves vary 65-85 ns
   between runs, which moves every ratio by +-10 %.
-* **Where the goals stand** (issues #12 and #16; the run above, 2026-12-02, defaults: tc hook,
-  64 KiB units on these on-link veth planes). Equal planes: 0.97 x MPTCP (ceiling 0.98 x, above);
-  8 planes 0.94 x; unequal planes with weights set to the rates 1.11 x MPTCP, 0.89 x the sum,
-  with 0.25 % retransmissions. Every default mrc row stayed under 1 % retransmissions; with
-  16 KiB units on the same planes they reached 0.8-3 %. CPU per GB moved (machine): 0.74-0.87 s
-  for the default rows against 0.65-0.74 s for MPTCP (1.0-1.3 x), and 16 KiB units cost twice
-  that. Unshaped: 25 Gbit/s, 0.77 x plain TCP over one veth. Not reached: the per-unit cost
-  (mrc_tx and mrc_rx at 1.5 x their floors), and anything on planes where units arrive segmented
-  (XDP, NICs, routed hops), which keep 16 KiB units and the XDP figures of earlier runs: 0.92-0.96
-  x MPTCP on equal planes and a CPU ceiling near 4 Gbit/s.
+* **Where the goals stand** (issues #12 and #16; the run above, 2026-12-03, defaults: adaptive
+  weights, tc hook, 64 KiB units on these on-link veth planes). Equal planes: 0.97 x MPTCP (ceiling
+  0.98 x, above), 8 planes 0.93 x. Unequal planes with nothing configured: 1.02 x MPTCP, 0.87 x the
+  sum (0.98 x typed weights in the same run; MPTCP reached 3.43 Gbit/s here, against 3.20 in a
+  full run 15 minutes before, where the same defaults gave 1.11 x MPTCP and 0.89 x the sum); the
+  old default, equal weights, 0.52 x. Every default row under 1.5 % retransmissions. CPU per GB moved (machine):
+  1.04-1.26 s for the default rows against 0.90-1.02 s for MPTCP (1.1-1.4 x; this evening the
+  machine was slower than the day's earlier runs: plain TCP over one unshaped veth 25.5 Gbit/s
+  against 32.5). Unshaped: 17.6 Gbit/s, 0.69 x plain TCP. Not reached: the per-unit cost (mrc_tx
+  2.7 x its floor, mrc_rx_tc 3.1 x; goal 1.5 x), `up` to the first packet 560 ms (466 earlier in
+  the day; goal 0.5 s), and anything on planes where units arrive segmented (XDP, NICs, routed
+  hops), which keep 16 KiB units and the XDP figures: 0.92-0.96 x MPTCP on equal planes and a CPU
+  ceiling near 2.5-4 Gbit/s.
 """
 
 
@@ -847,7 +860,7 @@ def main(argv=None) -> int:
     args.seconds = args.seconds or (2 if args.quick else 5)
     packets = args.packets or (20_000 if args.quick else 100_000)
     if args.quick:
-        plan = {"equal": ["tcp 1 plane", "mptcp", "mrc weighted"]}
+        plan = {"equal": ["tcp 1 plane", "mptcp", "mrc defaults"]}
     else:
         names = args.scenarios.split(",") if args.scenarios else list(SCENARIOS)
         plan = {s: (UNSHAPED_METHODS if s == "unshaped" else SHAPED_METHODS) for s in names}

@@ -66,3 +66,25 @@ def test_large_weights_fill_the_table():
     per_plane = Counter(pr.paths[s].plane.index for s in table)
     assert [per_plane[p] for p in range(4)] == [512, 256, 128, 128]
     assert len(set(table)) == 64
+
+
+def test_a_table_longer_than_one_round_repeats_the_round():
+    """build_slot_table computes one round of sum(weights) slots and repeats
+    it: the same table the round robin gives slot by slot."""
+    from mrcctl.instance.slots import build_slot_table
+
+    def slot_by_slot(weights, n):
+        cur, out, total = [0] * len(weights), [], sum(weights)
+        for _ in range(n):
+            best = -1
+            for i, w in enumerate(weights):
+                if w > 0:
+                    cur[i] += w
+                    if best < 0 or cur[i] > cur[best]:
+                        best = i
+            cur[best] -= total
+            out.append(best)
+        return out
+
+    for weights, n in (([3, 1, 1, 1], 1000), ([120, 60, 30, 30], 960), ([7, 0, 2], 999), ([1], 5)):
+        assert build_slot_table(weights, n) == slot_by_slot(weights, n)

@@ -7,6 +7,7 @@
   to a device without it is dropped, and nothing tells the sender (a veth
   advertises it only while its peer has an XDP program or GRO on).
 * send_frames: sendmmsg(2) on an AF_PACKET socket, the default sender.
+* root_qdiscs: each device's root queue and shaper rate (adaptive weights).
 """
 
 from __future__ import annotations
@@ -40,10 +41,9 @@ def _attrs(buf: bytes, off: int, end: int) -> dict[int, bytes]:
     return out
 
 
-def _request(s: socket.socket, typ: int, flags: int, cmd: int, attrs: bytes = b"") -> list[dict[int, bytes]]:
-    """Send one generic-netlink request, return the attributes of every
+def _exchange(s: socket.socket, typ: int, flags: int, body: bytes) -> list[tuple[bytes, int, int]]:
+    """Send one netlink request; (buffer, payload start, end) of every
     answer (a dump's parts until NLMSG_DONE); OSError on an error answer."""
-    body = _GENL.pack(cmd, 1, 0) + attrs
     s.send(_HDR.pack(_HDR.size + len(body), typ, flags, 1, 0) + body)
     out = []
     while True:
@@ -60,10 +60,16 @@ def _request(s: socket.socket, typ: int, flags: int, cmd: int, attrs: bytes = b"
                 if err:
                     raise OSError(-err, "netlink")
                 return out
-            out.append(_attrs(buf, off + _HDR.size + _GENL.size, off + ln))
+            out.append((buf, off + _HDR.size, off + ln))
             off += (ln + 3) & ~3
         if not flags & _F_DUMP and out:
             return out
+
+
+def _request(s: socket.socket, typ: int, flags: int, cmd: int, attrs: bytes = b"") -> list[dict[int, bytes]]:
+    """One generic-netlink request: the attributes of every answer."""
+    return [_attrs(buf, off + _GENL.size, end)
+            for buf, off, end in _exchange(s, typ, flags, _GENL.pack(cmd, 1, 0) + attrs)]
 
 
 def _nla(typ: int, payload: bytes) -> bytes:
@@ -91,6 +97,48 @@ def xdp_features() -> dict[int, int] | None:
             return out
     except OSError:
         return None
+
+
+# ------------------------------------------------------------------ root qdiscs
+
+_RTM_GETQDISC = 38
+_TCMSG = struct.Struct("=BxxxiIII")
+_TC_H_ROOT = 0xFFFFFFFF
+_TCA_KIND, _TCA_OPTIONS, _TCA_STATS2 = 1, 2, 7
+_TCA_STATS_QUEUE = 3
+_TCA_TBF_PARMS, _TCA_TBF_RATE64 = 1, 4
+
+
+def root_qdiscs() -> dict[int, tuple[int, int | None]]:
+    """ifindex -> (backlog bytes, shaper rate in bytes/s or None) of each
+    device's root qdisc in this namespace; the rate where the qdisc is a
+    tbf. One RTM_GETQDISC dump parsed here (the adaptive weights read it
+    every few intervals: through pyroute2 a dump cost 12 ms of CPU)."""
+    out: dict[int, tuple[int, int | None]] = {}
+    try:
+        with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE) as s:
+            s.bind((0, 0))
+            s.settimeout(2.0)
+            answers = _exchange(s, _RTM_GETQDISC, _F_REQUEST | _F_DUMP, _TCMSG.pack(0, 0, 0, 0, 0))
+    except OSError:
+        return out
+    for buf, off, end in answers:
+        _fam, ifindex, _handle, parent, _info = _TCMSG.unpack_from(buf, off)
+        if parent != _TC_H_ROOT:
+            continue
+        a = _attrs(buf, off + _TCMSG.size, end)
+        stats = _attrs(a.get(_TCA_STATS2, b""), 0, len(a.get(_TCA_STATS2, b"")))
+        queue = stats.get(_TCA_STATS_QUEUE, b"")
+        backlog = struct.unpack_from("=I", queue, 4)[0] if len(queue) >= 8 else 0
+        rate = None
+        if a.get(_TCA_KIND, b"").rstrip(b"\0") == b"tbf":
+            opts = _attrs(a.get(_TCA_OPTIONS, b""), 0, len(a.get(_TCA_OPTIONS, b"")))
+            if len(opts.get(_TCA_TBF_RATE64, b"")) >= 8:
+                rate = struct.unpack_from("=Q", opts[_TCA_TBF_RATE64])[0]
+            elif len(opts.get(_TCA_TBF_PARMS, b"")) >= 12:
+                rate = struct.unpack_from("=I", opts[_TCA_TBF_PARMS], 8)[0]   # tc_ratespec.rate
+        out[ifindex] = (backlog, rate or None)
+    return out
 
 
 # ------------------------------------------------------------------ sendmmsg(2)

@@ -153,8 +153,11 @@ WEIGHT_MODES = ("fixed", "adaptive")
 @dataclass(frozen=True)
 class Weights:
     """[weights]: fixed = the planes' configured weights; adaptive = the
-    agent re-weights paths by what they deliver (mrcctl/agent/weights.py)."""
-    mode: str = "fixed"
+    agent re-weights paths by what they deliver (mrcctl/agent/weights.py).
+    Default: adaptive, unless a plane has a `weight` of its own (then what
+    the operator typed stands: fixed)."""
+    mode: str = "adaptive"
+    mode_set: bool = False        # written in the config (else the default, see weights_mode)
     interval_ms: float = 10.0
     min_weight: float = 0.02      # floor of a usable path's share, so it keeps being measured
     ecn_hold_us: float = 1000.0   # after a CE echo the slot walk passes the path over this long (bpf/congest.h)
@@ -566,7 +569,7 @@ def _build(doc: dict, source: str, digest: str) -> Config:
                   mtu=mtu, udp_port=udp_port, planes=tuple(planes), peers=tuple(peers), health=health,
                   metrics_listen=_metrics(doc.get("metrics", {})),
                   metrics_per_path=_metrics_per_path(doc.get("metrics", {})),
-                  weights=_weights(doc.get("weights", {})), gso_max_size=gso_max_size,
+                  weights=_weights(doc.get("weights", {}), any("weight" in p for p in planes_raw)), gso_max_size=gso_max_size,
                   key_file=_security(doc.get("security", {})), peers_dir=peers_dir, file_digest=digest,
                   max_peers=max_peers, max_paths_per_peer=max_paths,
                   paws_guard=_typed("overlay.paws_guard", overlay.get("paws_guard", True), bool),
@@ -934,17 +937,34 @@ def _allow_underlay(where: str, value) -> tuple[AclEntry, ...]:
     return tuple(_acl_entry(f"{where}[{i}]", _typed(f"{where}[{i}]", e, str)) for i, e in enumerate(value))
 
 
-def _weights(w) -> Weights:
+def _weights(w, typed: bool) -> Weights:
+    """`typed`: some plane has a weight in the config (mode then defaults to fixed)."""
     w = _typed("weights", w, dict)
     _check_keys("weights", w, {"mode", "interval_ms", "min_weight", "ecn_hold_us"})
     d = Weights()
-    mode = _typed("weights.mode", w.get("mode", d.mode), str)
+    mode = _typed("weights.mode", w.get("mode", "fixed" if typed else d.mode), str)
     if mode not in WEIGHT_MODES:
         raise ConfigError(f"weights.mode: {mode!r} is not one of {', '.join(WEIGHT_MODES)}")
     iv = _float_in("weights.interval_ms", w.get("interval_ms", d.interval_ms), 1, 10000)
     mw = _float_in("weights.min_weight", w.get("min_weight", d.min_weight), 0, 0.5)
     hold = _float_in("weights.ecn_hold_us", w.get("ecn_hold_us", d.ecn_hold_us), 0, 1_000_000)
-    return Weights(mode=mode, interval_ms=iv, min_weight=mw, ecn_hold_us=hold)
+    return Weights(mode=mode, interval_ms=iv, min_weight=mw, ecn_hold_us=hold, mode_set="mode" in w)
+
+
+# The agent's adaptive step reads every peer's counters each interval (about
+# 0.3 ms a peer here): past this many peers the default is fixed weights, and
+# `weights.mode = "adaptive"` in the config asks for them anyway.
+ADAPTIVE_DEFAULT_MAX_PEERS = 64
+
+
+def weights_mode(cfg: "Config") -> str:
+    """The weights mode in force: the configured one, or the default for
+    this config (adaptive, unless a plane has a typed weight or there are
+    more than ADAPTIVE_DEFAULT_MAX_PEERS peers)."""
+    w = cfg.weights
+    if w.mode == "adaptive" and not w.mode_set and len(cfg.peers) > ADAPTIVE_DEFAULT_MAX_PEERS:
+        return "fixed"
+    return w.mode
 
 
 def parse_listen(where: str, value) -> tuple[str, int]:

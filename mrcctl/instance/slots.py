@@ -33,6 +33,11 @@ def build_slot_table(weights: Sequence[int], n: int = wire.MRC_SLOTS) -> list[in
     total = sum(weights)
     if total == 0:
         raise ValueError("no path with a positive weight")
+    if n > total:
+        # after sum(weights) slots every counter is back at 0: the table
+        # repeats, so one round is computed (the agent rewrites tables live)
+        one = build_slot_table(weights, total)
+        return (one * (n // total + 1))[:n]
     current = [0] * len(weights)
     table = []
     for _ in range(n):

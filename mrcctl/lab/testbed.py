@@ -463,16 +463,18 @@ class Testbed:
         Planes are listed in plane order for every peer, so both ends agree on
         path ids. `extra` is appended at top level (e.g. a [health] table);
         `peer_extra` goes into every [[peer]] table. `rx_hook` sets every
-        plane's receive hook (default: the config's, "auto").
+        plane's receive hook (default: the config's, "auto"). `weights`: one
+        per plane, written as the planes' `weight` (which makes them fixed);
+        without, the config's default (adaptive).
         """
         peers = self.peers(i) if peers is None else peers
-        weights = weights or [1] * self.n_planes
         lines = ["[overlay]", f'device = "{device}"',
                  f'address = "{self.overlay_addr(i)}/{overlay_prefix}"', ""]
         # a device per peer and plane here; one per plane on a routed fabric
         devices = dict.fromkeys((self.dev(i, j, p), p) for j in peers for p in range(self.n_planes))
         for dev, p in devices:
-            lines += ["[[plane]]", f'device = "{dev}"', f"weight = {weights[p]}"]
+            # no weight: the config's default, adaptive weights; typed ones are fixed
+            lines += ["[[plane]]", f'device = "{dev}"', *([f"weight = {weights[p]}"] if weights else [])]
             lines += [f'rx_hook = "{rx_hook}"', ""] if rx_hook else [""]
         for j in peers:
             lines += ["[[peer]]", f'name = "h{j}"', f'overlay = "{self.overlay_addr(j)}"',

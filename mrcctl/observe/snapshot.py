@@ -177,7 +177,7 @@ def _snapshot(cfg: cfgmod.Config, dp: Datapath, only: set[str] | None = None) ->
             if pent.spray_mode in wire.SprayMode._value2member_map_ else peer.spray,
             "spray_config": peer.spray,
             "flowlet_gap_us": pent.flowlet_gap_us or None,
-            "weights_mode": cfg.weights.mode,
+            "weights_mode": cfgmod.weights_mode(cfg),
             "reorder": _reorder(dp, peer.index),
             "min_active": peer.min_active,
             "active_table": pent.table,

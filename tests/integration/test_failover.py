@@ -186,9 +186,13 @@ def test_flapping_plane_bounded_by_hysteresis(lab):
     for pid in {e["path"] for e in changes}:
         n = sum(1 for e in changes if e["path"] == pid)
         assert n <= per_path_max, (pid, n)
-    # and the damping (recover_probes doubled per relapse within 1 s) keeps
-    # it far below that
-    assert len(changes) < EVS * per_path_max / 4
+    # and the damping (recover_probes doubled per relapse within 1 s, by
+    # whichever side retired it: here mostly the agent, on probe loss) keeps
+    # it far below that: a 50 ms lit window holds 3 probes, not the 6 a
+    # relapsed path needs, so each path settles after a relapse or two; up
+    # to HEALTH_MAX_FLAPS (4) doublings when a loaded machine stretches
+    # the lit windows. Without damping on the agent's retirements: 356.
+    assert len(changes) <= EVS * 2 * (4 + 2), len(changes)
 
 
 def test_all_planes_blackholed_then_one_restored(lab):

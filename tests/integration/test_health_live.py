@@ -65,7 +65,9 @@ def test_cpu_bound_transfer_with_top_retires_nothing(lab):
             if p.poll() is None:
                 p.kill()
             p.communicate(timeout=10)
-    assert len(polls) >= 16                 # top really ran (each call takes ~0.3 s of CPU)
+    # top really ran, back to back: each call takes 0.3-0.6 s of CPU on a
+    # 2-core VM under this load (CI's clean runs made 14 calls in 8 s)
+    assert len(polls) >= 8
     assert tx1 - tx0 > 100_000              # the transfer really ran (wire packets)
     dead = [e for e in lab.events(0, t0) + lab.events(1, t0) if e["new"] == "ASSUMED_BAD"]
     assert dead == [], f"{len(dead)} healthy paths retired: {dead[:4]}"

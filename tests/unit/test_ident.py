@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import ipaddress
+import time
 
 import unit_pkt as pkt
 from unit_dp import PATHS, PEER, UDP_PORT, XDP_DROP, XDP_PASS, drops_delta
@@ -129,6 +130,24 @@ def test_ctl_retire_keeps_what_the_datapath_wrote(dp):
         assert dp.live(0).bad_ns == lv.bad_ns
         assert ctl_retire(prog, PEER, 1) is True and dp.live(1).state == wire.PathState.ASSUMED_BAD
         assert dp.live(2).state == wire.PathState.GOOD      # only the named path
+    finally:
+        prog.close()
+
+
+def test_ctl_retire_counts_toward_flap_damping(dp):
+    """A path the agent retires within 1 s of its recovery relapsed just as
+    if the judge had retired it: the probes it needs next time double
+    (bpf/path.h path_retired), or a plane flapping faster than the judge
+    sees, which the agent retires on probe loss, would come back after
+    recover_probes every time."""
+    prog = load_ctl(dp.maps)
+    try:
+        now = time.monotonic_ns()
+        dp.set_live(0, good_ns=now - 100 * 1000 * 1000, flaps=1)
+        dp.set_live(1, good_ns=now - 3 * 1000 * 1000 * 1000, flaps=3)
+        assert ctl_retire(prog, PEER, 0) and ctl_retire(prog, PEER, 1)
+        assert dp.live(0).flaps == 2            # recovered 100 ms ago: a relapse
+        assert dp.live(1).flaps == 0            # 3 s of GOOD: the damping resets
     finally:
         prog.close()
 

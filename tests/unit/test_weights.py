@@ -63,6 +63,56 @@ def test_plane_without_news_keeps_its_estimate_and_idle_plane_may_grow():
     assert c[1] > 100 * MB              # nothing sent: it has no queue
 
 
+def test_no_estimate_goes_above_the_planes_known_rate():
+    # probing up stops at the plane's shaper / link rate; an unknown rate
+    # (None) keeps the old bound of 4 x the best delivered rate
+    c = W.step_capacity([95 * MB, 95 * MB], [95 * MB, 95 * MB], [100, 100], [1, 1], [True, True],
+                        [W.PROBE_AFTER] * 2, cap=[100 * MB, None])
+    assert c[0] == 100 * MB and c[1] == pytest.approx(95 * MB * (1 + W.PROBE))
+
+
+def _controller(min_weight=0.0):
+    return W.Controller(parse('', f'[weights]\nmode = "adaptive"\nmin_weight = {min_weight}'), dp=None)
+
+
+def _state(k):
+    return W._PeerState(groups=[[i] for i in range(k)], devices=[f"p{i}" for i in range(k)],
+                        w=[1 / k] * k, c=[None] * k, d=[None] * k, idle=[0] * k,
+                        min_rtt=[0.0] * k, min_prev=[0.0] * k)
+
+
+def test_planes_of_known_different_rates_start_weighted_by_them():
+    ctl, st = _controller(), _state(4)
+    assert ctl._follow_caps(st, [250 * MB, 125 * MB, 62.5 * MB, 62.5 * MB])
+    assert st.w == pytest.approx([0.5, 0.25, 0.125, 0.125])
+    # partly unknown rates tell nothing: the configured weights stand, unestimated
+    st = _state(4)
+    assert not ctl._follow_caps(st, [100 * MB, None, 50 * MB, 50 * MB])
+    assert st.w == [0.25] * 4 and st.c == [None] * 4
+    # equal known rates: estimated at them, weights as they were
+    st = _state(4)
+    assert not ctl._follow_caps(st, [100 * MB] * 4)
+    assert st.w == [0.25] * 4 and st.c == [100 * MB] * 4
+
+
+def test_a_lowered_plane_rate_takes_effect_at_once():
+    ctl, st = _controller(), _state(2)
+    st.c = [100 * MB, 100 * MB]
+    assert not ctl._follow_caps(st, [100 * MB, 100 * MB])
+    assert ctl._follow_caps(st, [25 * MB, 100 * MB])
+    assert st.c == [25 * MB, 100 * MB] and st.w == pytest.approx([0.2, 0.8])
+
+
+def test_idle_planes_are_looked_at_without_a_full_step():
+    st = _state(1)
+    skipped = [W.Controller._quiet(st, [0], t * 0.01) for t in range(1, 40)]
+    assert skipped[:W.QUIET_AFTER + 1] == [False] * (W.QUIET_AFTER + 1)
+    full = [i for i, x in enumerate(skipped) if not x and i > W.QUIET_AFTER]
+    assert full and all(b - a == W.QUIET_EVERY for a, b in zip(full, full[1:]))
+    # traffic (10 MB in 10 ms) ends the quiet at once
+    assert not W.Controller._quiet(st, [10_000_000], 0.40)
+
+
 def test_unusable_planes_get_nothing():
     s = W.shares([100.0, 100.0, None], [True, False, True], 0.02)
     assert s == [1.0, 0.0, 0.0]
@@ -78,7 +128,7 @@ def test_shares_follow_capacities_with_a_floor():
 def test_quantize_sums_to_scale_and_keeps_every_usable_path():
     q = W.quantize([0.5, 0.25, 0.125, 0.125, 0.0], [True, True, True, True, False])
     assert sum(q) == W.SCALE and q[4] == 0
-    assert q[:4] == [500, 250, 125, 125]
+    assert q[:4] == [W.SCALE // 2, W.SCALE // 4, W.SCALE // 8, W.SCALE // 8]
     q = W.quantize([1.0, 1e-9], [True, True])
     assert q[1] >= 1 and sum(q) == W.SCALE
 
@@ -106,9 +156,18 @@ def test_config_keys():
     c = parse('spray = "flowlet"\nflowlet_gap_us = 250', '[weights]\nmode = "adaptive"\ninterval_ms = 20')
     assert c.peers[0].flowlet_gap_us == 250 and c.weights.mode == "adaptive"
     assert c.weights.interval_ms == 20
-    assert parse().weights.mode == "fixed" and parse().peers[0].flowlet_gap_us == 0
+    assert parse().peers[0].flowlet_gap_us == 0
     assert cfgmod.parse(BASE.format(peer="", extra="").replace(
         "[overlay]\n", "[overlay]\ngso_max_size = 16384\n")).gso_max_size == 16384
+
+
+def test_weights_adapt_unless_the_operator_typed_some():
+    typed = BASE.replace('device = "p0"\n', 'device = "p0"\nweight = 2\n')
+    assert parse().weights.mode == "adaptive"
+    assert cfgmod.parse(typed.format(peer="", extra="")).weights.mode == "fixed"
+    # an explicit mode wins either way
+    assert cfgmod.parse(typed.format(peer="", extra='[weights]\nmode = "adaptive"')).weights.mode == "adaptive"
+    assert parse(extra='[weights]\nmode = "fixed"').weights.mode == "fixed"
 
 
 @pytest.mark.parametrize("peer,extra,msg", [
@@ -156,3 +215,24 @@ def test_units_cross_whole_only_over_on_link_tc_veths():
     routed = {**on_link, ("b", "10.9.0.2"): (4, "10.1.0.1")}
     assert not units_cross_whole({"a": "tc", "b": "tc"}, routed, kind)
     assert not units_cross_whole({}, {}, kind)
+
+
+def test_a_full_shaper_delivers_its_rate():
+    # the plane's own tbf holds 5 ms: it sends at its rate whatever this
+    # interval's bytes say; without a known rate the bytes are the reading
+    c, _ = run([200 * MB], [120 * MB], [5000], local=[True])
+    assert c == [120 * MB]
+    c = W.step_capacity([200 * MB], [120 * MB], [5000], [1], [True], [0], local=[True], cap=[250 * MB])
+    assert c == [250 * MB]
+
+
+def test_many_peers_default_to_fixed_weights():
+    def cfg(n, weights=""):
+        toml = ['[overlay]\naddress = "172.31.0.1/16"\n[[plane]]\ndevice = "p0"', weights]
+        toml += [f'[[peer]]\nname = "n{i}"\noverlay = "172.31.{1 + i // 200}.{1 + i % 200}"\n'
+                 f'[peer.underlay]\np0 = "10.0.{i // 200}.{2 + i % 200}"' for i in range(n)]
+        return cfgmod.parse("\n".join(toml))
+    n = cfgmod.ADAPTIVE_DEFAULT_MAX_PEERS
+    assert cfgmod.weights_mode(cfg(n)) == "adaptive"
+    assert cfgmod.weights_mode(cfg(n + 1)) == "fixed"
+    assert cfgmod.weights_mode(cfg(n + 1, '[weights]\nmode = "adaptive"')) == "adaptive"
