@@ -58,10 +58,9 @@ while every plane is idle a step looks at the devices' byte counters only
 (a full step every QUIET_EVERY intervals keeps base RTTs current); a busy
 step reads the peer's counters in one batch, the qdiscs by one netlink dump
 at most every BACKLOG_TTL_S, and rewrites the slot table only when the
-weights moved by WRITE_MIN. Measured on unequal planes under one TCP
-stream: 1.1 CPU-seconds per 8 s, against 4.5 before these (a pyroute2 dump
-per read, a table rewrite per step), which had cost adaptive mode a tenth
-of its goodput where the CPU is the limit.
+weights moved by WRITE_MIN. Where the CPU is the limit, every
+CPU-millisecond the agent spends is goodput the datapath loses (what it
+cost and saved is in docs/developing.md, "The idle agent").
 
 Adaptive flowlet gap (``peer.flowlet_gap_us`` absent or 0): the gap must
 exceed the delay difference between paths, or a flowlet's first packet on a

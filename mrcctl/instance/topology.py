@@ -1,5 +1,5 @@
 """Netlink work through pyroute2 (imported on first use): the overlay device, routes, neighbours,
-XDP and tc attachment, and the per-device sysctls traffic needs.
+XDP and tc attachment, and the per-device sysctls and ethtool features traffic needs.
 
 All functions act on the network namespace the process runs in.
 """
@@ -13,6 +13,8 @@ import socket
 import struct
 import time
 from contextlib import suppress
+
+from ..datapath import netdev
 
 
 class NetlinkError(Exception):
@@ -418,27 +420,12 @@ UDP_GSO_FEATURE = "tx-udp-segmentation"
 def device_feature(device: str, name: str) -> bool | None:
     """An ethtool feature's state (`ethtool -k`); None when the device has
     no such feature or cannot change it."""
-    from pyroute2.ethtool import Ethtool
-
-    e = Ethtool()
-    try:
-        f = e.get_features(device).features.get(name)
-        return bool(f.enable) if f is not None and f.available else None
-    finally:
-        e.close()
+    return netdev.feature(device, name)
 
 
 def set_device_feature(device: str, name: str, on: bool) -> None:
     """`ethtool -K device name on|off`."""
-    from pyroute2.ethtool import Ethtool
-
-    e = Ethtool()
-    try:
-        feats = e.get_features(device)
-        feats.features[name].enable = on
-        e.set_features(device, feats)
-    finally:
-        e.close()
+    netdev.set_feature(device, name, on)
 
 
 def auto_rx_hook(device: str) -> str:

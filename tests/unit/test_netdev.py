@@ -49,3 +49,47 @@ def test_root_qdiscs_reads_shaper_rates_and_backlog():
     # about 9 frames a second)
     assert 20 * 1442 <= backlog_a <= 100 * 1442
     assert backlog_a - 5 * 1442 <= tc["backlog"] <= backlog_a
+
+
+FEATURES = ("import json, sys; sys.path.insert(0, %r)\n"
+            "from mrcctl.datapath import netdev\n"
+            "from pyroute2.ethtool import Ethtool\n"
+            "e = Ethtool()\n"
+            "def theirs(d, n):\n"
+            "    f = e.get_features(d).features.get(n)\n"
+            "    return bool(f.enable) if f is not None and f.available else None\n"
+            "names = ('tx-udp-segmentation', 'rx-gro-hw', 'generic-receive-offload', 'no-such-feature')\n"
+            "out = {'before': [[netdev.feature(d, n), theirs(d, n)] for d in ('fa', 'lo') for n in names]}\n"
+            "netdev.set_feature('fa', 'tx-udp-segmentation', False)\n"
+            "out['off'] = [netdev.feature('fa', 'tx-udp-segmentation'), theirs('fa', 'tx-udp-segmentation'),\n"
+            "              netdev.feature('fb', 'tx-udp-segmentation')]\n"
+            "netdev.set_feature('fa', 'tx-udp-segmentation', True)\n"
+            "out['on'] = netdev.feature('fa', 'tx-udp-segmentation')\n"
+            "try:\n"
+            "    netdev.set_feature('fa', 'no-such-feature', True)\n"
+            "except OSError as err:\n"
+            "    out['refused'] = str(err)\n"
+            "print(json.dumps(out))")
+
+
+def test_ethtool_features_read_and_set_like_ethtool():
+    """netdev.feature/set_feature (the SIOCETHTOOL ioctl `up` uses on
+    virtual planes) against pyroute2's ethtool, on a veth pair of this
+    test's own namespace: fixed features read None, a change reaches only
+    the device named."""
+    need_root()
+    ns = f"mrcnf{os.getpid() % 100000}"
+    subprocess.run(["ip", "netns", "add", ns], check=True)
+    try:
+        sh = lambda *a: subprocess.run(["ip", "netns", "exec", ns, *a], check=True, capture_output=True,
+                                       text=True)
+        sh("ip", "link", "add", "fa", "type", "veth", "peer", "name", "fb")
+        got = json.loads(sh(sys.executable, "-c", FEATURES % str(REPO)).stdout)
+    finally:
+        subprocess.run(["ip", "netns", "del", ns], check=True)
+    assert all(ours == theirs for ours, theirs in got["before"]), got["before"]
+    # a veth can switch UDP GSO; hardware GRO it has not (None: fixed)
+    assert got["before"][0][0] is True and got["before"][1][0] is None and got["before"][3][0] is None
+    assert got["off"] == [False, False, True]
+    assert got["on"] is True
+    assert "no ethtool feature no-such-feature" in got["refused"]
