@@ -70,6 +70,12 @@ def _exchange(s: socket.socket, typ: int, flags: int, body: bytes) -> list[tuple
             return out
 
 
+def _nested(attrs: dict[int, bytes], typ: int) -> dict[int, bytes]:
+    """The attributes inside attribute `typ` ({} when it is absent)."""
+    inner = attrs.get(typ, b"")
+    return _attrs(inner, 0, len(inner))
+
+
 def _request(s: socket.socket, typ: int, flags: int, cmd: int, attrs: bytes = b"") -> list[dict[int, bytes]]:
     """One generic-netlink request: the attributes of every answer."""
     return [_attrs(buf, off + _GENL.size, end)
@@ -131,12 +137,11 @@ def root_qdiscs() -> dict[int, tuple[int, int | None]]:
         if parent != _TC_H_ROOT:
             continue
         a = _attrs(buf, off + _TCMSG.size, end)
-        stats = _attrs(a.get(_TCA_STATS2, b""), 0, len(a.get(_TCA_STATS2, b"")))
-        queue = stats.get(_TCA_STATS_QUEUE, b"")
+        queue = _nested(a, _TCA_STATS2).get(_TCA_STATS_QUEUE, b"")
         backlog = struct.unpack_from("=I", queue, 4)[0] if len(queue) >= 8 else 0
         rate = None
         if a.get(_TCA_KIND, b"").rstrip(b"\0") == b"tbf":
-            opts = _attrs(a.get(_TCA_OPTIONS, b""), 0, len(a.get(_TCA_OPTIONS, b"")))
+            opts = _nested(a, _TCA_OPTIONS)
             if len(opts.get(_TCA_TBF_RATE64, b"")) >= 8:
                 rate = struct.unpack_from("=Q", opts[_TCA_TBF_RATE64])[0]
             elif len(opts.get(_TCA_TBF_PARMS, b"")) >= 12:

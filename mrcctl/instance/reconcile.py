@@ -16,6 +16,7 @@ import time
 from contextlib import suppress
 from pathlib import Path
 
+from ..datapath import netdev
 from ..datapath.libbpf import Program
 from ..datapath.maps import Datapath
 from ..datapath.objects import (RX_PROG, RX_TC_PROG, TX_PROG, Loaded, load_objects, objects_digest,
@@ -324,10 +325,10 @@ def _apply(cfg, inst, nl, planes, mtu, digest, prior, neigh_wait: float = NEIGH_
     for rt in planes:
         dev = rt.plane.device
         if dev not in state["udp_gso"] and topology.link_kind(dev) and \
-                topology.device_feature(dev, topology.UDP_GSO_FEATURE):
+                netdev.feature(dev, topology.UDP_GSO_FEATURE):
             state["udp_gso"][dev] = True
             inst.write(state)     # `down` must know what to restore
-            _step(f"turning {topology.UDP_GSO_FEATURE} off on {dev}", topology.set_device_feature,
+            _step(f"turning {topology.UDP_GSO_FEATURE} off on {dev}", netdev.set_feature,
                   dev, topology.UDP_GSO_FEATURE, False)
     # Inner IPv6 is delivered on the plane it arrived on (decap keeps the
     # device): a plane with IPv6 disabled would drop it. Restored at down.
@@ -439,7 +440,7 @@ def _detach_plane(nl: topology.Netlink, dev: str, state: dict) -> None:
             topology.set_sysctl(f"net/ipv6/conf/{dev}/disable_ipv6", old)
     if state.get("udp_gso", {}).pop(dev, None):
         with suppress(Exception):     # the device may be gone
-            topology.set_device_feature(dev, topology.UDP_GSO_FEATURE, True)
+            netdev.set_feature(dev, topology.UDP_GSO_FEATURE, True)
 
 
 def down(cfg: cfgmod.Config | None = None, overlay: str | None = None) -> str:

@@ -1,5 +1,5 @@
 """Netlink work through pyroute2 (imported on first use): the overlay device, routes, neighbours,
-XDP and tc attachment, and the per-device sysctls and ethtool features traffic needs.
+XDP and tc attachment, and the per-device sysctls traffic needs (its ethtool features: datapath/netdev.py).
 
 All functions act on the network namespace the process runs in.
 """
@@ -13,8 +13,6 @@ import socket
 import struct
 import time
 from contextlib import suppress
-
-from ..datapath import netdev
 
 
 class NetlinkError(Exception):
@@ -415,17 +413,6 @@ def _attrs(buf, off: int, end: int):
 # (NETIF_F_GSO_UDP_L4). On a virtual plane `up` turns it off: see
 # reconcile.py, where it is set.
 UDP_GSO_FEATURE = "tx-udp-segmentation"
-
-
-def device_feature(device: str, name: str) -> bool | None:
-    """An ethtool feature's state (`ethtool -k`); None when the device has
-    no such feature or cannot change it."""
-    return netdev.feature(device, name)
-
-
-def set_device_feature(device: str, name: str, on: bool) -> None:
-    """`ethtool -K device name on|off`."""
-    netdev.set_feature(device, name, on)
 
 
 def auto_rx_hook(device: str) -> str:
