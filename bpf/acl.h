@@ -35,22 +35,51 @@ struct {
 #define ACL_ND_FIRST		133	/* router solicitation .. */
 #define ACL_ND_LAST		137	/* .. redirect */
 
+/* What the rules judge of a frame: scalars, so the rule loop needs no
+ * packet pointer. dport < 0: no port to judge. */
+struct acl_flow {
+	__be32	src[4];		/* IPv4: src[0], the rest 0 */
+	__s32	dport;
+	__u8	family;
+	__u8	proto;
+	__u8	rsvd[2];
+};
+
 static __always_inline bool acl_rule_match(const struct mrc_acl_rule *r,
-					   const struct l3_desc *d,
-					   const __be32 *src, int dport)
+					   const struct acl_flow *k)
 {
-	if (r->family && r->family != d->family)
+	if (r->family && r->family != k->family)
 		return false;
-	if (r->proto && r->proto != d->proto)
+	if (r->proto && r->proto != k->proto)
 		return false;
-	if (r->port_hi && (dport < r->port_lo || dport > r->port_hi))
+	if (r->port_hi && (k->dport < r->port_lo || k->dport > r->port_hi))
 		return false;	/* also: no port to judge (dport < 0) */
-	if ((src[0] & r->mask[0]) != r->addr[0])
+	if ((k->src[0] & r->mask[0]) != r->addr[0])
 		return false;
 	/* IPv4: src[1..3] are 0, and so are a v4 or any-family rule's */
-	return (src[1] & r->mask[1]) == r->addr[1] &&
-	       (src[2] & r->mask[2]) == r->addr[2] &&
-	       (src[3] & r->mask[3]) == r->addr[3];
+	return (k->src[1] & r->mask[1]) == r->addr[1] &&
+	       (k->src[2] & r->mask[2]) == r->addr[2] &&
+	       (k->src[3] & r->mask[3]) == r->addr[3];
+}
+
+/* 1 if one of plane ifindex's rules lets the frame pass. A global
+ * function: the verifier walks the 16 rules once, not once per state of
+ * the parsing before it. */
+__attribute__((noinline)) int acl_match(__u32 ifindex, const struct acl_flow *k)
+{
+	struct mrc_acl *acl = bpf_map_lookup_elem(&mrc_acl, &ifindex);
+	__u32 i, n;
+
+	if (!acl || !k)
+		return 0;
+	n = acl->n;
+	for (i = 0; i < MRC_ACL_RULES; i++) {
+		if (i >= n)
+			break;
+		if (acl_rule_match(&acl->rule[i], k))
+			return 1;
+	}
+	return 0;
 }
 
 /*
@@ -61,15 +90,12 @@ static __always_inline __u32 acl_underlay(void *data, void *data_end,
 					  __u32 ifindex, __u32 v)
 {
 	struct hdr_cursor nh = { .pos = data };
-	struct mrc_acl *acl;
+	struct acl_flow k = { .dport = -1 };
 	struct ethhdr *eth;
 	struct l3_desc d;
-	__be32 src[4] = {};
-	int proto, dport = -1;
-	__u32 i, n;
+	int proto;
 
-	acl = bpf_map_lookup_elem(&mrc_acl, &ifindex);
-	if (!acl)
+	if (!bpf_map_lookup_elem(&mrc_acl, &ifindex))
 		return v;
 	proto = parse_ethhdr(&nh, data_end, &eth);
 	if (proto == bpf_htons(ETH_P_ARP))
@@ -77,10 +103,12 @@ static __always_inline __u32 acl_underlay(void *data, void *data_end,
 	if (parse_l3(&nh, data_end, proto, L3_F_IPV4 | L3_F_IPV6 | L3_F_V6_FRAG,
 		     &d) != L3_OK)
 		goto refuse;
+	k.family = d.family;
+	k.proto = d.proto;
 	if (d.family == 4) {
-		src[0] = d.ip4->saddr;
+		k.src[0] = d.ip4->saddr;
 	} else {
-		__builtin_memcpy(src, &d.ip6->saddr, 16);
+		__builtin_memcpy(k.src, &d.ip6->saddr, 16);
 		if (d.proto == ACL_ICMPV6 && d.frag == L3_FRAG_NONE) {
 			__u8 *type = d.l4;
 
@@ -95,15 +123,10 @@ static __always_inline __u32 acl_underlay(void *data, void *data_end,
 		__be16 *ports = d.l4;
 
 		if ((void *)(ports + 2) <= data_end)
-			dport = bpf_ntohs(ports[1]);
+			k.dport = bpf_ntohs(ports[1]);
 	}
-	n = acl->n;
-	for (i = 0; i < MRC_ACL_RULES; i++) {
-		if (i >= n)
-			break;
-		if (acl_rule_match(&acl->rule[i], &d, src, dport))
-			return v;
-	}
+	if (acl_match(ifindex, &k))
+		return v;
 refuse:
 	return RX_V(RX_DROP, MRC_R_RX_UNDERLAY_REFUSED);
 }

@@ -127,26 +127,34 @@ struct auth_msg {
 	__u64	w[MRC_AUTH_MSG_LEN6 / 8];
 };
 
-/* The MAC of an MRC header (a copy: a global function cannot take packet
- * pointers) and the inner block of flow fl (NULL: an all-zero block, for
- * probes, replies and inner packets that are not IP): SipHash of the header
- * and the block's 20 bytes (MRC_AUTH_MSG_LEN), or all 44 of an IPv6 block
- * (MRC_AUTH_MSG_LEN6). A global function: the verifier checks its rounds
- * once, not again on every path through mrc_tx that signs (inlined, they
- * took the merged program past the 1M-instruction limit); and the message
- * is built in its own stack frame (the programs' frames are near the
- * 512-byte limit). */
-__attribute__((noinline)) __u64 auth_msg_hash(__u64 k0, __u64 k1, const struct mrc_hdr *h,
+/* The message is built here, not on a stack: the receive programs reach
+ * auth_msg_hash two calls deep and the 512 bytes of stack are shared along
+ * the chain. One entry per CPU (a program runs to its end on its CPU);
+ * each object has its own (not a shared map). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct auth_msg);
+} mrc_auth_msg SEC(".maps");
+
+/* The MAC of message m, whose first sizeof(struct mrc_hdr) bytes the
+ * caller filled with a copy of the MRC header (a global function cannot
+ * take packet pointers), and of the inner block of flow fl (NULL: an
+ * all-zero block, for probes, replies and inner packets that are not IP):
+ * SipHash of the header and the block's 20 bytes (MRC_AUTH_MSG_LEN), or all
+ * 44 of an IPv6 block (MRC_AUTH_MSG_LEN6). A global function: the verifier
+ * checks its rounds once, not again on every path through mrc_tx that signs
+ * (inlined, they took the merged program past the 1M-instruction limit). */
+__attribute__((noinline)) __u64 auth_msg_hash(__u64 k0, __u64 k1, struct auth_msg *m,
 					      const struct l3_flow *fl)
 {
-	struct auth_msg m;
 	__u32 nwords;
 
-	if (!h)
+	if (!m)
 		return 0;
-	__builtin_memcpy(m.w, h, sizeof(*h));
-	nwords = (sizeof(*h) + auth_block(fl, (__u8 *)m.w + sizeof(*h))) / 8;
-	return siphash24(k0, k1, m.w, nwords, (__u64)(nwords * 8) << 56);
+	nwords = (sizeof(struct mrc_hdr) + auth_block(fl, (__u8 *)m->w + sizeof(struct mrc_hdr))) / 8;
+	return siphash24(k0, k1, m->w, nwords, (__u64)(nwords * 8) << 56);
 }
 
 /* The MAC of an MRC header (in the packet, bounds-checked by the caller)
@@ -155,10 +163,13 @@ static __always_inline __u64 auth_mac(const struct mrc_auth_key *k,
 				      const struct mrc_hdr *mh,
 				      const struct l3_flow *fl)
 {
-	struct mrc_hdr h;
+	__u32 zero = 0;
+	struct auth_msg *m = bpf_map_lookup_elem(&mrc_auth_msg, &zero);
 
-	__builtin_memcpy(&h, mh, sizeof(h));
-	return auth_msg_hash(k->k0, k->k1, &h, fl);
+	if (!m)
+		return 0;
+	__builtin_memcpy(m->w, mh, sizeof(*mh));
+	return auth_msg_hash(k->k0, k->k1, m, fl);
 }
 
 /* Write the MAC behind the header; -1 if it would not lie in the frame.

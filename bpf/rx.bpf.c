@@ -168,6 +168,14 @@ struct rx_segs {
 	bool	hedged;
 };
 
+/* reorder_account() as a global function: verified once, not once per
+ * caller (the loop callback and the single-segment case) and per state of
+ * each (its window loops are most of what the verifier walks). */
+__attribute__((noinline)) int rx_reorder(__u32 peer_idx, __u32 path_id, __u32 psn)
+{
+	return reorder_account(peer_idx, path_id, psn, peer_seq(peer_idx));
+}
+
 static long rx_seg_account(__u64 i, void *ctx)
 {
 	struct rx_segs *r = ctx;
@@ -175,7 +183,7 @@ static long rx_seg_account(__u64 i, void *ctx)
 
 	if (!st)
 		return 1;
-	reorder_account(r->peer_idx, r->path_id, r->psn + (__u32)i, peer_seq(r->peer_idx));
+	rx_reorder(r->peer_idx, r->path_id, r->psn + (__u32)i);
 	if (r->hedged && dedup_seen(r->peer_idx, r->psn + (__u32)i))
 		r->dups += 1;
 	return 0;
@@ -196,11 +204,10 @@ enum rx_acc {
  * segments in one skb are a duplicate only if all are: part of an skb
  * cannot be dropped, and TCP discards the repeated bytes.
  *
- * A global function: the verifier checks the accounting once, not once per
- * state of the parsing before it (inlined, it took mrc_rx_tc past the
- * 1M-instruction verification limit).
+ * Part of rx_data, which the verifier walks once; the window's own loops
+ * are rx_reorder's.
  */
-__attribute__((noinline)) int rx_account(__u32 peer_idx, __u32 path_id, __u32 psn,
+static __always_inline int rx_account(__u32 peer_idx, __u32 path_id, __u32 psn,
 					 __u32 n, __u32 epoch_hedged)
 {
 	struct mrc_path_stats *st = path_stats(peer_idx, path_id);
@@ -221,15 +228,15 @@ __attribute__((noinline)) int rx_account(__u32 peer_idx, __u32 path_id, __u32 ps
 		if (mark && r.dups == n)
 			return RX_ACC_DUP;
 	} else {
-		reorder_account(peer_idx, path_id, psn, peer_seq(peer_idx));
+		rx_reorder(peer_idx, path_id, psn);
 		if (mark && dedup_seen(peer_idx, psn))
 			return RX_ACC_DUP;
 	}
 	return hedged && !mark ? RX_ACC_AHEAD : RX_ACC_NEW;
 }
 
-/* evidence_echo() as a global function, verified once (see rx_account). */
-__attribute__((noinline)) int rx_echo(__u32 peer_idx, __u32 fb, __u32 fb_ts, __u64 now)
+/* evidence_echo() for the peer of peer_idx. */
+static __always_inline int rx_echo(__u32 peer_idx, __u32 fb, __u32 fb_ts, __u64 now)
 {
 	struct mrc_peer *peer = peer_get(peer_idx);
 
@@ -270,73 +277,89 @@ static __always_inline void rx_ecn_set(void *ip, void *data_end, const struct rx
 		ecn_set(&d, ecn);
 }
 
-/* ctx: the hook's context (tc: an skb, else XDP's); len: the frame's
- * bytes (a tc skb's may lie beyond data_end); multi: the
- * buffer may hold several wire segments of one unit (a GSO skb; constant
- * false for XDP, which then carries none of that code); tc: also that the
- * exit can send a feedback frame besides delivering (XDP cannot). */
-static __always_inline __u32 rx_process(void *ctx, bool tc, void *data, void *data_end,
-					__u32 ifindex, __u32 len, bool multi, struct mrc_frame *f)
+/* What rx_data needs of a frame rx_validate passed, and what it tells the
+ * exit: scalars only (a global function takes no packet pointers, and
+ * spilled pointers in memory it is given would be lost to the caller). */
+struct rx_data {
+	__u32	mh_off;		/* in: bytes from data to the MRC header */
+	__u32	len;		/* in: the frame's bytes */
+	__u32	peer_idx;	/* in */
+	__u32	plane;		/* in: the plane's index for the peer */
+	__u16	udp_len;	/* in: the outer UDP length (host order) */
+	__u8	type;		/* in: the MRC type */
+	__u8	outer_tos;	/* in: the outer traffic class */
+	__u8	multi;		/* in: the buffer may hold several wire segments */
+	__u8	mac_len;	/* out: 0 or MRC_AUTH_LEN */
+	__u8	inner_family;	/* out: DATA's inner family, 4 or 6 */
+	__u8	fb_due;		/* out: send a feedback frame for fb_path (tc) */
+	__u16	fb_path;	/* out */
+	__u8	rsvd[2];
+};
+
+/* The outer headers before the MRC header are far less. */
+#define RX_MH_OFF_MAX		128
+
+/* Everything after validation: auth, probes, replies, feedback and DATA.
+ * multi: the buffer may hold several wire segments of one unit (a GSO skb;
+ * constant false for XDP, which then carries none of that code); tc: also
+ * that the exit can send a feedback frame besides delivering (XDP cannot). */
+static __always_inline __u32 rx_data_body(void *ctx, bool tc, bool multi, struct mrc_peer *peer,
+					  struct rx_data *d)
 {
-	struct mrc_config *cfg;
-	struct mrc_peer *peer;
+	void *data, *data_end;
+	const struct mrc_auth_key *auth;
+	struct rx_inner ri;
+	struct mrc_config *cfg = cfg_get();
 	struct mrc_path_live *live;
 	struct mrc_path_stats *st;
 	struct mrc_hdr *mh;
 	struct mrc_path *pcfg;
-	__u32 peer_idx, path_id, plane, type, psn, v;
+	__u32 peer_idx, path_id, plane, type, len, psn, v;
 	__u32 done = RX_NOT_COUNTED;	/* reason a delivered frame counts */
 	__u32 n = 1, hdrs = 0;
 	int ecn, acc;
 	__u64 now = 0;
 	bool receipt, inner_ok = false;
-	struct rx_inner ri;
 
-	f->auth = NULL;
-	f->mac_len = 0;
-	/* all of them: the compiler keeps f in registers, and one left
-	 * undefined on some path is a register the verifier refuses */
-	f->fb_due = false;
-	f->fb_peer = 0;
-	f->fb_path = 0;
-	f->len = len;
-	cfg = cfg_get();
-	if (!cfg)
-		return RX_PASS_UNCOUNTED;
-	v = rx_validate(data, data_end, len, ifindex, cfg_udp_port(cfg), f,
-			&peer_idx, &peer, &plane, &type);
-	if (RX_ACTION(v) == RX_ICMP)
-		v = pmtu_rx_icmp(f, data_end, ifindex, cfg_udp_port(cfg));
-	/* Not mrc's (an ICMP error that is no news about our paths
-	 * included): the plane's access list decides whether the stack
-	 * sees it (acl.h). */
-	if (RX_ACTION(v) == RX_PASS)
-		return acl_underlay(data, data_end, ifindex, v);
-	if (v != RX_CONTINUE_V)
-		return v;
-	mh = f->mh;
+	if (tc) {
+		data = (void *)(long)((struct __sk_buff *)ctx)->data;
+		data_end = (void *)(long)((struct __sk_buff *)ctx)->data_end;
+	} else {
+		data = (void *)(long)((struct xdp_md *)ctx)->data;
+		data_end = (void *)(long)((struct xdp_md *)ctx)->data_end;
+	}
+	if (!d || !peer || !cfg || d->mh_off > RX_MH_OFF_MAX)
+		return RX_V(RX_DROP, MRC_R_RX_TRUNCATED);
+	mh = data + d->mh_off;
+	if ((void *)(mh + 1) > data_end)
+		return RX_V(RX_DROP, MRC_R_RX_TRUNCATED);
+	peer_idx = d->peer_idx;
+	plane = d->plane;
+	type = d->type;
+	len = d->len;
+	d->mac_len = 0;
+	d->inner_family = 4;
+	d->fb_due = 0;
+	d->fb_path = 0;
 
 	/* DATA: the inner packet, IPv4 or IPv6 by its version nibble, parsed
 	 * once for the MAC and everything after it (behind the MAC if the
 	 * frame says it has one: auth_verify refuses it otherwise). A bad one
 	 * is refused below, after the checks that come first. */
-	f->inner_family = 4;
 	if (type == MRC_T_DATA) {
-		__u32 off = (void *)(mh + 1) - data +
-			    ((mh->flags & MRC_F_AUTH) ? MRC_AUTH_LEN : 0);
+		__u32 off = d->mh_off + sizeof(*mh) + ((mh->flags & MRC_F_AUTH) ? MRC_AUTH_LEN : 0);
 
 		inner_ok = tc ? rx_inner_tc(ctx, off, &ri) == 1 : rx_inner_xdp(ctx, off, &ri) == 1;
 		if (inner_ok)
-			f->inner_family = ri.fl.family;
+			d->inner_family = ri.fl.family;
 	}
 
 	/* Auth before anything uses the header: a probe is not turned around
 	 * and no state moves for a frame without the peer's MAC (auth.h). */
-	v = auth_verify(mh, data_end, bpf_ntohs(f->udp->len), peer_idx,
-			inner_ok ? &ri.fl : NULL, &f->auth);
+	v = auth_verify(mh, data_end, d->udp_len, peer_idx, inner_ok ? &ri.fl : NULL, &auth);
 	if (v)
 		return RX_V(RX_DROP, v);
-	f->mac_len = f->auth ? MRC_AUTH_LEN : 0;
+	d->mac_len = auth ? MRC_AUTH_LEN : 0;
 
 	/* Probes are answered whatever their path_id: it names a path of the
 	 * prober's and is only echoed back. */
@@ -418,9 +441,8 @@ static __always_inline __u32 rx_process(void *ctx, bool tc, void *data, void *da
 	 * own (tc only, one wire segment: a clone of a GSO skb would carry
 	 * the whole unit back). */
 	if (tc && receipt && n == 1 && feedback_due(cfg, live, now)) {
-		f->fb_due = true;
-		f->fb_peer = peer_idx;
-		f->fb_path = path_id;
+		d->fb_due = 1;
+		d->fb_path = path_id;
 	}
 
 	/* The second copy of a hedged unit's packet goes no further; it
@@ -445,16 +467,88 @@ static __always_inline __u32 rx_process(void *ctx, bool tc, void *data, void *da
 	}
 
 	/* ECN: the fabric's CE reaches the inner packet (bpf/ecn.h). */
-	ecn = ecn_decap(f->l3.tos, ri.tos);
-	if ((f->l3.tos & IP_ECN_MASK) == ECN_CE) {
+	ecn = ecn_decap(d->outer_tos, ri.tos);
+	if ((d->outer_tos & IP_ECN_MASK) == ECN_CE) {
 		PCNT_INC(peer_idx, path_id, rx_ce, 1);
 		cong_rx_ce(peer_idx, path_id, now ? now : bpf_ktime_get_ns());
 	}
 	if (ecn < 0)
 		return RX_V(RX_DROP, MRC_R_RX_ECN_NOT_ECT);
 	if (ecn != (ri.tos & IP_ECN_MASK))
-		rx_ecn_set((void *)(mh + 1) + (f->mac_len & MRC_AUTH_LEN), data_end, &ri, ecn);
+		rx_ecn_set((void *)(mh + 1) + (d->mac_len & MRC_AUTH_LEN), data_end, &ri, ecn);
 	return RX_V(RX_DELIVER, done);
+}
+
+/* rx_data_body, verified once per hook whatever state validation left
+ * (inlined, each of validation's ~130 outcomes walked all of it again). */
+__attribute__((noinline)) int rx_data_xdp(struct xdp_md *ctx, struct mrc_peer *peer,
+					  struct rx_data *d)
+{
+	return rx_data_body(ctx, false, false, peer, d);
+}
+
+__attribute__((noinline)) int rx_data_tc(struct __sk_buff *skb, struct mrc_peer *peer,
+					 struct rx_data *d)
+{
+	return rx_data_body(skb, true, d && d->multi, peer, d);
+}
+
+/* ctx: the hook's context (tc: an skb, else XDP's); len: the frame's
+ * bytes (a tc skb's may lie beyond data_end); multi: see rx_data_body. */
+static __always_inline __u32 rx_process(void *ctx, bool tc, void *data, void *data_end,
+					__u32 ifindex, __u32 len, bool multi, struct mrc_frame *f)
+{
+	struct mrc_config *cfg;
+	struct mrc_peer *peer;
+	struct rx_data d = {};
+	__u32 peer_idx, plane, type, v;
+
+	f->auth = NULL;
+	f->mac_len = 0;
+	/* all of them: the compiler keeps f in registers, and one left
+	 * undefined on some path is a register the verifier refuses */
+	f->fb_due = false;
+	f->fb_peer = 0;
+	f->fb_path = 0;
+	f->inner_family = 4;
+	f->len = len;
+	cfg = cfg_get();
+	if (!cfg)
+		return RX_PASS_UNCOUNTED;
+	v = rx_validate(data, data_end, len, ifindex, cfg_udp_port(cfg), f,
+			&peer_idx, &peer, &plane, &type);
+	if (RX_ACTION(v) == RX_ICMP)
+		v = pmtu_rx_icmp(f, data_end, ifindex, cfg_udp_port(cfg));
+	/* Not mrc's (an ICMP error that is no news about our paths
+	 * included): the plane's access list decides whether the stack
+	 * sees it (acl.h). */
+	if (RX_ACTION(v) == RX_PASS)
+		return acl_underlay(data, data_end, ifindex, v);
+	if (v != RX_CONTINUE_V)
+		return v;
+
+	d.mh_off = (void *)f->mh - data;
+	d.len = len;
+	d.peer_idx = peer_idx;
+	d.plane = plane;
+	d.udp_len = bpf_ntohs(f->udp->len);
+	d.type = type;
+	d.outer_tos = f->l3.tos;
+	d.multi = multi;
+	v = tc ? rx_data_tc(ctx, peer, &d) : rx_data_xdp(ctx, peer, &d);
+	f->mac_len = d.mac_len;
+	f->inner_family = d.inner_family;
+	f->fb_due = d.fb_due;
+	f->fb_peer = peer_idx;
+	f->fb_path = d.fb_path;
+	/* A probe is turned around signed anew with the key auth_verify
+	 * checked it with (gone since: refused). */
+	if (RX_ACTION(v) == RX_TURN_AROUND && d.mac_len) {
+		f->auth = auth_key(peer_idx);
+		if (!f->auth)
+			return RX_V(RX_DROP, MRC_R_RX_BAD_MAC);
+	}
+	return v;
 }
 
 /* Both exits count a verdict's reason here, once. */

@@ -170,6 +170,51 @@ __attribute__((noinline)) int tx_judge_slot(__u32 peer_idx, __u32 pid, __u32 n_p
 	return judge_pid(peer_idx, pid, n_paths, now);
 }
 
+/* The slot walk (tx_walk): where it starts, what it chose. */
+struct tx_pick {
+	__u32	table;		/* in: the slot table's index in mrc_slots */
+	__u32	slot;		/* in: the first slot to try; out: the slot taken */
+	__u32	pid;		/* out: its path */
+	__s32	verdict;	/* out: the judge's verdict on it */
+};
+
+/* The path of slot pk->slot of table pk->table, or of one of the
+ * TX_PATH_RETRIES slots after it when that one is unusable: 1 and *pk, or
+ * 0 when none is. A global function: the verifier walks the slots once,
+ * not once per state of the parsing before it, and what follows once, not
+ * once per slot the walk may stop at. */
+__attribute__((noinline)) int tx_walk(__u32 peer_idx, __u32 n_paths, __u64 now,
+				      struct tx_pick *pk)
+{
+	struct mrc_slots *slots;
+	__u32 i, n, start;
+
+	if (!pk)
+		return 0;
+	slots = bpf_map_lookup_elem(&mrc_slots, &pk->table);
+	if (!slots)
+		return 0;
+	start = pk->slot;
+	n = slots->n;
+	if (n < 1)
+		n = 1;
+	if (n > MRC_SLOTS)
+		n = MRC_SLOTS;
+	for (i = 0; i <= TX_PATH_RETRIES; i++) {
+		__u32 s = (start + i) % n;
+		__u32 pid = slots->slot[s & (MRC_SLOTS - 1)];
+		int verdict = tx_judge_slot(peer_idx, pid, n_paths, now, i < CONG_SKIP_SLOTS);
+
+		if (verdict >= 0 && path_cfg(peer_idx, pid)) {
+			pk->slot = s;
+			pk->pid = pid;
+			pk->verdict = verdict;
+			return 1;
+		}
+	}
+	return 0;
+}
+
 /* Headers of locally generated packets are linear; forwarded ones may not
  * be. Pull only when short, pulling is not free. */
 static __always_inline void tx_pull(struct __sk_buff *skb)
@@ -194,7 +239,8 @@ static __always_inline __u32 tx_process(struct __sk_buff *skb, struct tx_out *ou
 	struct mrc_unit u = {};
 	const struct mrc_auth_key *akey;
 	struct spray_state sp;
-	__u32 peer_idx, n_paths, n, start, i, inner_hdrs, len, seg_l3, wire_segs = 1;
+	struct tx_pick pk;
+	__u32 peer_idx, n_paths, n, start, inner_hdrs, len, seg_l3, wire_segs = 1;
 	__u64 now, wire_bytes;
 	__u16 port;
 	int pidx, err, verdict = H_UNUSABLE, hedge = -1;
@@ -259,18 +305,14 @@ static __always_inline __u32 tx_process(struct __sk_buff *skb, struct tx_out *ou
 			HSTAT_INC(retx_steered);
 		}
 	}
-	for (i = path ? TX_PATH_RETRIES + 1 : 0; i <= TX_PATH_RETRIES; i++) {
-		__u32 s = (start + i) % n;
-		__u32 pid = slots->slot[s & (MRC_SLOTS - 1)];
-
-		verdict = tx_judge_slot(peer_idx, pid, n_paths, now,
-					i < CONG_SKIP_SLOTS);
-		path = verdict >= 0 ? path_cfg(peer_idx, pid) : NULL;
-		if (path) {
-			u.path_id = pid;
-			spray_used(&sp, s);
-			break;
-		}
+	pk.table = peer_idx * 2 + (peer->table & 1);
+	pk.slot = start;
+	if (!path && tx_walk(peer_idx, n_paths, now, &pk)) {
+		u.path_id = pk.pid;
+		verdict = pk.verdict;
+		path = path_cfg(peer_idx, pk.pid);
+		if (path)
+			spray_used(&sp, pk.slot);
 	}
 	if (!path) {
 		int fb = judge_fallback(peer_idx, n_paths, start,

@@ -36,6 +36,10 @@ def fdp(dp, veth):
         subprocess.run(["ip", "link", "set", d, "up"], check=True)
     dp.add_rx_peer(PATHS[0].daddr, ifindex=veth, plane=0)
     s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(ETH_P_ALL))
+    # room for every frame a test may make: the rate test's ~200 frames
+    # overflowed the default buffer (~212 KB of skbs) now and then, and a
+    # frame the socket dropped read as a frame never sent
+    s.setsockopt(socket.SOL_SOCKET, 33, 8 << 20)     # SO_RCVBUFFORCE (root)
     s.bind((dev + "p", 0))
     s.settimeout(0.2)
     dp.fb_sock, dp.fb_ifindex = s, veth
@@ -101,12 +105,25 @@ def test_one_feedback_frame_per_path_and_ms(fdp):
 def test_no_feedback_frame_when_reverse_data_echoes(fdp):
     """Reverse data that echoed the path within the last ms carries the
     evidence already; the XDP hook never sends any (it cannot clone)."""
-    fdp.set_live(0, fb_echo_ns=time.monotonic_ns())
-    assert fdp.run_rx_tc(data(0), ingress=fdp.fb_ifindex)[0] == XDP_PASS
-    assert mrc_frames(captured(fdp)) == [] and health(fdp).fb_frames == 0
+    # the echo must be under 1 ms old when the program runs: a run that
+    # began later (this process descheduled on a busy machine) may send a
+    # frame, rightly, and is tried again
+    for psn in range(1, 21):
+        before = health(fdp).fb_frames
+        t = time.monotonic_ns()
+        fdp.set_live(0, fb_echo_ns=t, fb_frame_ns=0)
+        assert fdp.run_rx_tc(data(0, psn=psn), ingress=fdp.fb_ifindex)[0] == XDP_PASS
+        late = time.monotonic_ns() - t >= 900_000
+        sent = mrc_frames(captured(fdp))
+        if not late:
+            assert sent == [] and health(fdp).fb_frames == before
+            break
+    else:
+        pytest.fail("no run within 0.9 ms of its echo in 20 tries")
     fdp.set_live(0, fb_echo_ns=0)
-    ret, _, _ = fdp.rx.test_run(data(0, psn=2), ctx_in=None)
-    assert ret == XDP_PASS and health(fdp).fb_frames == 0
+    before = health(fdp).fb_frames
+    ret, _, _ = fdp.rx.test_run(data(0, psn=100), ctx_in=None)
+    assert ret == XDP_PASS and health(fdp).fb_frames == before
 
 
 def test_reverse_data_marks_its_echo(fdp):

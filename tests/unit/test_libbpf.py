@@ -124,16 +124,18 @@ def test_program_pin_and_info(dp):
     assert libbpf.map_info(dp.maps["mrc_cfg"].fd)["name"] == "mrc_cfg"
 
 
-# Half the kernel's 1M: a change that doubles a program's verification work
-# (a branch in a loop the verifier unrolls, an inlined helper) fails here,
-# with the count, before it fails to load at all.
-VERIFIER_BUDGET = 500_000
+# About twice what each program verifies in (2026-12-03: mrc_tx 60k, mrc_rx
+# 28k, mrc_rx_tc 37k): a change that undoes one of the cuts at global
+# functions (docs/developing-datapath.md, "The verifier's budget") fails
+# here, with the count, long before the kernel's 1M refuses it. The count
+# is also time on the way to the first packet at `up`.
+VERIFIER_BUDGET = {"mrc_tx": 120_000, "mrc_rx": 60_000, "mrc_rx_tc": 75_000}
 
 
 def test_programs_verify_well_inside_the_kernel_limit(dp):
     for prog in (dp.tx, dp.rx, dp.rx_tc):
         n = libbpf.prog_info(prog.fd)["verified_insns"]
-        assert 0 < n <= VERIFIER_BUDGET, (prog.name, n)
+        assert 0 < n <= VERIFIER_BUDGET[prog.name], (prog.name, n)
 
 
 def test_obj_get_missing_raises():
