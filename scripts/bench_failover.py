@@ -401,6 +401,8 @@ class Scenario:
         self.spec = MATRIX_SCENARIOS[name]
         self.rto_min_us: dict[int, str] = {}     # what mptcp-rto5 found, to put back
         health = "[health]\n" + (f"dead_after_ms = {a.dead_after}\n" if a.dead_after else "")
+        if a.weights_mode:
+            health += f'[weights]\nmode = "{a.weights_mode}"\n'
         kw = dict(fabric=self.spec["fabric"]) if self.spec["fabric"] else dict(rates=self.spec["rates"])
         if self.spec["udp"]:
             kw["rx_hook"] = "tc"
@@ -725,7 +727,8 @@ def run_matrix(a, tmp: Path, out: Path) -> int:
         for method in (a.methods.split(",") if a.methods else MATRIX_METHODS[name]):
             if method not in MATRIX_METHODS[name]:
                 continue
-            key = f"{name} / {method}" + (f", dead_after_ms {a.dead_after}" if a.dead_after and method == "mrc" else "")
+            key = f"{name} / {method}" + (f", dead_after_ms {a.dead_after}" if a.dead_after and method == "mrc" else "") \
+                + (f", weights {a.weights_mode}" if a.weights_mode and method == "mrc" else "")
             trials = []
             with Scenario(name, a, tmp) as sc:
                 dst = sc.setup(method)
@@ -835,6 +838,8 @@ def main() -> int:
                     + " (--trials per method, each row one testbed; writes failover-trials.md)")
     ap.add_argument("--methods", help="matrix methods to run (default: every one the scenario has)")
     ap.add_argument("--dead-after", type=int, help="matrix: mrc's health.dead_after_ms (default: mrc's default)")
+    ap.add_argument("--weights-mode", choices=["fixed", "adaptive"],
+                    help="matrix: mrc's weights.mode (default: mrc's default, adaptive unless weights are typed)")
     ap.add_argument("--merge", action="store_true", help="matrix: keep the rows of failover-trials.json not rerun")
     ap.add_argument("--seqlog", metavar="DIR", help="matrix, TCP over mrc: log every unit host 0 sends and every "
                     "segment host 1 takes in (bpf/seqlog.bpf.c); keep the logs of trials with an RTO in DIR "
