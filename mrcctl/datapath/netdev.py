@@ -11,6 +11,9 @@
 * feature / set_feature: a device's ethtool features (`ethtool -k/-K`) by
   the SIOCETHTOOL ioctl: `up` turns UDP GSO off on virtual planes, and
   pyroute2's ethtool module cost it ~50 ms to import and ask with.
+* rtnl, attrs, nested: one route-netlink request and its attributes, for
+  the reads that must not wait for pyroute2's import or pay its parsing
+  (topology.link_kind before `up` verifies, the agent's neighbour table).
 """
 
 from __future__ import annotations
@@ -28,13 +31,14 @@ NETDEV_CMD_DEV_GET = 1
 NETDEV_A_DEV_IFINDEX, NETDEV_A_DEV_XDP_FEATURES = 1, 3
 NETDEV_XDP_ACT_NDO_XMIT = 1 << 2
 _NLMSG_ERROR, _NLMSG_DONE = 2, 3
-_F_REQUEST, _F_DUMP = 0x1, 0x300
+F_REQUEST, F_DUMP = 0x1, 0x300
 _HDR = struct.Struct("=IHHII")
 _GENL = struct.Struct("=BBH")
 _ATTR = struct.Struct("=HH")
 
 
-def _attrs(buf: bytes, off: int, end: int) -> dict[int, bytes]:
+def attrs(buf: bytes, off: int, end: int) -> dict[int, bytes]:
+    """type -> value of the netlink attributes in buf[off:end]."""
     out = {}
     while off + 4 <= end:
         ln, typ = _ATTR.unpack_from(buf, off)
@@ -66,20 +70,29 @@ def _exchange(s: socket.socket, typ: int, flags: int, body: bytes) -> list[tuple
                 return out
             out.append((buf, off + _HDR.size, off + ln))
             off += (ln + 3) & ~3
-        if not flags & _F_DUMP and out:
+        if not flags & F_DUMP and out:
             return out
 
 
-def _nested(attrs: dict[int, bytes], typ: int) -> dict[int, bytes]:
+def nested(outer: dict[int, bytes], typ: int) -> dict[int, bytes]:
     """The attributes inside attribute `typ` ({} when it is absent)."""
-    inner = attrs.get(typ, b"")
-    return _attrs(inner, 0, len(inner))
+    inner = outer.get(typ, b"")
+    return attrs(inner, 0, len(inner))
 
 
-def _request(s: socket.socket, typ: int, flags: int, cmd: int, attrs: bytes = b"") -> list[dict[int, bytes]]:
+def _request(s: socket.socket, typ: int, flags: int, cmd: int, nlas: bytes = b"") -> list[dict[int, bytes]]:
     """One generic-netlink request: the attributes of every answer."""
-    return [_attrs(buf, off + _GENL.size, end)
-            for buf, off, end in _exchange(s, typ, flags, _GENL.pack(cmd, 1, 0) + attrs)]
+    return [attrs(buf, off + _GENL.size, end)
+            for buf, off, end in _exchange(s, typ, flags, _GENL.pack(cmd, 1, 0) + nlas)]
+
+
+def rtnl(typ: int, flags: int, body: bytes) -> list[tuple[bytes, int, int]]:
+    """One route-netlink request on a socket of its own: (buffer, payload
+    start, end) of every answer; OSError if the kernel refuses it."""
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE) as s:
+        s.bind((0, 0))
+        s.settimeout(2.0)
+        return _exchange(s, typ, flags, body)
 
 
 def _nla(typ: int, payload: bytes) -> bytes:
@@ -94,13 +107,13 @@ def xdp_features() -> dict[int, int] | None:
         with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_GENERIC) as s:
             s.bind((0, 0))
             s.settimeout(2.0)
-            fam = _request(s, GENL_ID_CTRL, _F_REQUEST, CTRL_CMD_GETFAMILY,
+            fam = _request(s, GENL_ID_CTRL, F_REQUEST, CTRL_CMD_GETFAMILY,
                            _nla(CTRL_ATTR_FAMILY_NAME, b"netdev\0"))
             if not fam or CTRL_ATTR_FAMILY_ID not in fam[0]:
                 return None
             fid = struct.unpack_from("=H", fam[0][CTRL_ATTR_FAMILY_ID])[0]
             out = {}
-            for a in _request(s, fid, _F_REQUEST | _F_DUMP, NETDEV_CMD_DEV_GET):
+            for a in _request(s, fid, F_REQUEST | F_DUMP, NETDEV_CMD_DEV_GET):
                 if NETDEV_A_DEV_IFINDEX in a and NETDEV_A_DEV_XDP_FEATURES in a:
                     out[struct.unpack_from("=I", a[NETDEV_A_DEV_IFINDEX])[0]] = \
                         struct.unpack_from("=Q", a[NETDEV_A_DEV_XDP_FEATURES])[0]
@@ -126,22 +139,19 @@ def root_qdiscs() -> dict[int, tuple[int, int | None]]:
     every few intervals: through pyroute2 a dump cost 12 ms of CPU)."""
     out: dict[int, tuple[int, int | None]] = {}
     try:
-        with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE) as s:
-            s.bind((0, 0))
-            s.settimeout(2.0)
-            answers = _exchange(s, _RTM_GETQDISC, _F_REQUEST | _F_DUMP, _TCMSG.pack(0, 0, 0, 0, 0))
+        answers = rtnl(_RTM_GETQDISC, F_REQUEST | F_DUMP, _TCMSG.pack(0, 0, 0, 0, 0))
     except OSError:
         return out
     for buf, off, end in answers:
         _fam, ifindex, _handle, parent, _info = _TCMSG.unpack_from(buf, off)
         if parent != _TC_H_ROOT:
             continue
-        a = _attrs(buf, off + _TCMSG.size, end)
-        queue = _nested(a, _TCA_STATS2).get(_TCA_STATS_QUEUE, b"")
+        a = attrs(buf, off + _TCMSG.size, end)
+        queue = nested(a, _TCA_STATS2).get(_TCA_STATS_QUEUE, b"")
         backlog = struct.unpack_from("=I", queue, 4)[0] if len(queue) >= 8 else 0
         rate = None
         if a.get(_TCA_KIND, b"").rstrip(b"\0") == b"tbf":
-            opts = _nested(a, _TCA_OPTIONS)
+            opts = nested(a, _TCA_OPTIONS)
             if len(opts.get(_TCA_TBF_RATE64, b"")) >= 8:
                 rate = struct.unpack_from("=Q", opts[_TCA_TBF_RATE64])[0]
             elif len(opts.get(_TCA_TBF_PARMS, b"")) >= 12:

@@ -14,6 +14,8 @@ import struct
 import time
 from contextlib import suppress
 
+from ..datapath import netdev
+
 
 class NetlinkError(Exception):
     """pyroute2's, once a Netlink() imported it (only Netlink's methods catch it)."""
@@ -381,32 +383,13 @@ def link_kind(device: str) -> str | None:
     (and so which programs to verify) before pyroute2 is imported."""
     try:
         ifindex = socket.if_nametoindex(device)
+        answers = netdev.rtnl(_RTM_GETLINK, netdev.F_REQUEST, _IFINFOMSG.pack(socket.AF_UNSPEC, 0, ifindex, 0, 0))
     except OSError:
         return None
-    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE) as s:
-        s.bind((0, 0))
-        s.send(struct.pack("=IHHII", 16 + 16, _RTM_GETLINK, _NLM_F_REQUEST, 1, 0) +
-               struct.pack("=BxHiII", socket.AF_UNSPEC, 0, ifindex, 0, 0))
-        buf = s.recv(1 << 16)
-    ln, typ = struct.unpack_from("=IH", buf, 0) if len(buf) >= 16 else (0, 0)
-    if typ != _RTM_NEWLINK or ln > len(buf):
-        return None
-    for atype, a, end in _attrs(buf, 16 + 16, ln):
-        if atype == _IFLA_LINKINFO:
-            for itype, b, bend in _attrs(buf, a, end):
-                if itype == _IFLA_INFO_KIND:
-                    return bytes(buf[b:bend]).rstrip(b"\0").decode() or None
+    for buf, off, end in answers:
+        info = netdev.nested(netdev.attrs(buf, off + _IFINFOMSG.size, end), _IFLA_LINKINFO)
+        return info.get(_IFLA_INFO_KIND, b"").rstrip(b"\0").decode() or None
     return None
-
-
-def _attrs(buf, off: int, end: int):
-    """(type, value start, value end) of each netlink attribute in buf[off:end]."""
-    while off + 4 <= end:
-        alen, atype = struct.unpack_from("=HH", buf, off)
-        if alen < 4:
-            return
-        yield atype & 0x3FFF, off + 4, min(off + alen, end)
-        off += (alen + 3) & ~3
 
 
 # The feature that lets a UDP_SEGMENT (GSO) unit leave a device whole
@@ -451,56 +434,24 @@ def set_sysctl(key: str, value: str, missing_ok: bool = False) -> None:
             raise
 
 
-_RTM_NEWLINK, _RTM_GETLINK = 16, 18
-_RTM_NEWNEIGH, _RTM_GETNEIGH = 28, 30
-_NLMSG_ERROR, _NLMSG_DONE = 2, 3
-_NLM_F_REQUEST = 0x1
-_NLM_F_REQUEST_DUMP = 0x1 | 0x300
+_RTM_GETLINK, _RTM_GETNEIGH = 18, 30
 _IFLA_LINKINFO, _IFLA_INFO_KIND = 18, 1
 _NDA_DST, _NDA_LLADDR = 1, 2
+_IFINFOMSG = struct.Struct("=BxHiII")
+_NDMSG = struct.Struct("=BxxxiHBB")
 
 
 _ADDR_NAMES: dict[bytes, str] = {}     # neighbour_table's address texts
-_NLMSG = struct.Struct("=IH")
-_NDMSG = struct.Struct("=BxxxiH")
-_NLA = struct.Struct("=HH")
 
 
 def _neigh_dump(family: int):
     """(ifindex, NUD state, dst bytes, lladdr bytes) of every neighbour entry
     of `family` in this namespace: one RTM_GETNEIGH dump on a raw socket."""
-    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE) as s:
-        s.bind((0, 0))
-        req = struct.pack("=IHHII", 16 + 12, _RTM_GETNEIGH, _NLM_F_REQUEST_DUMP, 1, 0) + \
-            struct.pack("=BxHiHBB", family, 0, 0, 0, 0, 0)
-        s.send(req)
-        while True:
-            buf = s.recv(1 << 16)
-            off = 0
-            while off + 16 <= len(buf):
-                ln, typ = _NLMSG.unpack_from(buf, off)
-                if ln < 16:
-                    return
-                if typ == _NLMSG_DONE:
-                    return
-                if typ == _NLMSG_ERROR:
-                    err = -struct.unpack_from("=i", buf, off + 16)[0]
-                    if err:
-                        raise OSError(err, f"neighbour dump: {os.strerror(err)}")
-                    return
-                if typ == _RTM_NEWNEIGH:
-                    _fam, ifindex, state = _NDMSG.unpack_from(buf, off + 16)
-                    dst = mac = None
-                    a = off + 16 + 12
-                    end = off + ln
-                    while a + 4 <= end:
-                        alen, atype = _NLA.unpack_from(buf, a)
-                        if alen < 4:
-                            break
-                        if atype == _NDA_DST:
-                            dst = bytes(buf[a + 4:a + alen])
-                        elif atype == _NDA_LLADDR:
-                            mac = bytes(buf[a + 4:a + alen])
-                        a += (alen + 3) & ~3
-                    yield ifindex, state, dst, mac
-                off += (ln + 3) & ~3
+    try:
+        answers = netdev.rtnl(_RTM_GETNEIGH, netdev.F_REQUEST | netdev.F_DUMP, _NDMSG.pack(family, 0, 0, 0, 0))
+    except OSError as e:
+        raise OSError(e.errno, f"neighbour dump: {e.strerror or e}") from None
+    for buf, off, end in answers:
+        _fam, ifindex, state, _flags, _type = _NDMSG.unpack_from(buf, off)
+        a = netdev.attrs(buf, off + _NDMSG.size, end)
+        yield ifindex, state, a.get(_NDA_DST), a.get(_NDA_LLADDR)
