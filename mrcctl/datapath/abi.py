@@ -399,12 +399,14 @@ def _struct(cls):
     cls.__annotations__ = {}
     for name, fmt in cls.LAYOUT:
         value = defaults.get(name, _zero(fmt))
-        cls.__annotations__[name] = type(value).__name__
+        # the type itself, not its name: dataclasses parses string
+        # annotations (ClassVar?) field by field, a third of the import
+        cls.__annotations__[name] = type(value)
         if isinstance(value, list):
             value = field(default_factory=value.copy)
         setattr(cls, name, value)
     for name, value in cls.__dict__.get("EXTRA", {}).items():
-        cls.__annotations__[name] = type(value).__name__
+        cls.__annotations__[name] = type(value)
         setattr(cls, name, value)
     # slots: the agent holds one per path (131,072 of them at 4,096 x 32);
     # a __dict__ each would be most of its memory
