@@ -62,12 +62,11 @@ static __always_inline bool acl_rule_match(const struct mrc_acl_rule *r,
 	       (k->src[3] & r->mask[3]) == r->addr[3];
 }
 
-/* 1 if one of plane ifindex's rules lets the frame pass. A global
- * function: the verifier walks the 16 rules once, not once per state of
- * the parsing before it. */
-__attribute__((noinline)) int acl_match(__u32 ifindex, const struct acl_flow *k)
+/* 1 if one of the plane's rules lets the frame pass. A global function:
+ * the verifier walks the 16 rules once, not once per state of the parsing
+ * before it. */
+__attribute__((noinline)) int acl_match(const struct mrc_acl *acl, const struct acl_flow *k)
 {
-	struct mrc_acl *acl = bpf_map_lookup_elem(&mrc_acl, &ifindex);
 	__u32 i, n;
 
 	if (!acl || !k)
@@ -91,11 +90,13 @@ static __always_inline __u32 acl_underlay(void *data, void *data_end,
 {
 	struct hdr_cursor nh = { .pos = data };
 	struct acl_flow k = { .dport = -1 };
+	const struct mrc_acl *acl;
 	struct ethhdr *eth;
 	struct l3_desc d;
 	int proto;
 
-	if (!bpf_map_lookup_elem(&mrc_acl, &ifindex))
+	acl = bpf_map_lookup_elem(&mrc_acl, &ifindex);
+	if (!acl)
 		return v;
 	proto = parse_ethhdr(&nh, data_end, &eth);
 	if (proto == bpf_htons(ETH_P_ARP))
@@ -125,7 +126,7 @@ static __always_inline __u32 acl_underlay(void *data, void *data_end,
 		if ((void *)(ports + 2) <= data_end)
 			k.dport = bpf_ntohs(ports[1]);
 	}
-	if (acl_match(ifindex, &k))
+	if (acl_match(acl, &k))
 		return v;
 refuse:
 	return RX_V(RX_DROP, MRC_R_RX_UNDERLAY_REFUSED);

@@ -303,13 +303,13 @@ struct rx_data {
  * multi: the buffer may hold several wire segments of one unit (a GSO skb;
  * constant false for XDP, which then carries none of that code); tc: also
  * that the exit can send a feedback frame besides delivering (XDP cannot). */
-static __always_inline __u32 rx_data_body(void *ctx, bool tc, bool multi, struct mrc_peer *peer,
+static __always_inline __u32 rx_data_body(void *ctx, bool tc, bool multi,
+					  const struct mrc_config *cfg, struct mrc_peer *peer,
 					  struct rx_data *d)
 {
 	void *data, *data_end;
 	const struct mrc_auth_key *auth;
 	struct rx_inner ri;
-	struct mrc_config *cfg = cfg_get();
 	struct mrc_path_live *live;
 	struct mrc_path_stats *st;
 	struct mrc_hdr *mh;
@@ -481,16 +481,16 @@ static __always_inline __u32 rx_data_body(void *ctx, bool tc, bool multi, struct
 
 /* rx_data_body, verified once per hook whatever state validation left
  * (inlined, each of validation's ~130 outcomes walked all of it again). */
-__attribute__((noinline)) int rx_data_xdp(struct xdp_md *ctx, struct mrc_peer *peer,
-					  struct rx_data *d)
+__attribute__((noinline)) int rx_data_xdp(struct xdp_md *ctx, const struct mrc_config *cfg,
+					  struct mrc_peer *peer, struct rx_data *d)
 {
-	return rx_data_body(ctx, false, false, peer, d);
+	return rx_data_body(ctx, false, false, cfg, peer, d);
 }
 
-__attribute__((noinline)) int rx_data_tc(struct __sk_buff *skb, struct mrc_peer *peer,
-					 struct rx_data *d)
+__attribute__((noinline)) int rx_data_tc(struct __sk_buff *skb, const struct mrc_config *cfg,
+					 struct mrc_peer *peer, struct rx_data *d)
 {
-	return rx_data_body(skb, true, d && d->multi, peer, d);
+	return rx_data_body(skb, true, d && d->multi, cfg, peer, d);
 }
 
 /* ctx: the hook's context (tc: an skb, else XDP's); len: the frame's
@@ -535,7 +535,7 @@ static __always_inline __u32 rx_process(void *ctx, bool tc, void *data, void *da
 	d.type = type;
 	d.outer_tos = f->l3.tos;
 	d.multi = multi;
-	v = tc ? rx_data_tc(ctx, peer, &d) : rx_data_xdp(ctx, peer, &d);
+	v = tc ? rx_data_tc(ctx, cfg, peer, &d) : rx_data_xdp(ctx, cfg, peer, &d);
 	f->mac_len = d.mac_len;
 	f->inner_family = d.inner_family;
 	f->fb_due = d.fb_due;

@@ -172,36 +172,29 @@ __attribute__((noinline)) int tx_judge_slot(__u32 peer_idx, __u32 pid, __u32 n_p
 
 /* The slot walk (tx_walk): where it starts, what it chose. */
 struct tx_pick {
-	__u32	table;		/* in: the slot table's index in mrc_slots */
+	__u32	n;		/* in: the table's length (spray_table) */
 	__u32	slot;		/* in: the first slot to try; out: the slot taken */
 	__u32	pid;		/* out: its path */
 	__s32	verdict;	/* out: the judge's verdict on it */
 };
 
-/* The path of slot pk->slot of table pk->table, or of one of the
- * TX_PATH_RETRIES slots after it when that one is unusable: 1 and *pk, or
- * 0 when none is. A global function: the verifier walks the slots once,
- * not once per state of the parsing before it, and what follows once, not
- * once per slot the walk may stop at. */
+/* The path of slot pk->slot of the peer's live table `slots`, or of one
+ * of the TX_PATH_RETRIES slots after it when that one is unusable: 1 and
+ * *pk, or 0 when none is. A global function: the verifier walks the slots
+ * once, not once per state of the parsing before it, and what follows
+ * once, not once per slot the walk may stop at. */
 __attribute__((noinline)) int tx_walk(__u32 peer_idx, __u32 n_paths, __u64 now,
-				      struct tx_pick *pk)
+				      const struct mrc_slots *slots, struct tx_pick *pk)
 {
-	struct mrc_slots *slots;
-	__u32 i, n, start;
+	__u32 i, n;
 
-	if (!pk)
+	if (!slots || !pk)
 		return 0;
-	slots = bpf_map_lookup_elem(&mrc_slots, &pk->table);
-	if (!slots)
+	n = pk->n;
+	if (n < 1 || n > MRC_SLOTS)
 		return 0;
-	start = pk->slot;
-	n = slots->n;
-	if (n < 1)
-		n = 1;
-	if (n > MRC_SLOTS)
-		n = MRC_SLOTS;
 	for (i = 0; i <= TX_PATH_RETRIES; i++) {
-		__u32 s = (start + i) % n;
+		__u32 s = (pk->slot + i) % n;
 		__u32 pid = slots->slot[s & (MRC_SLOTS - 1)];
 		int verdict = tx_judge_slot(peer_idx, pid, n_paths, now, i < CONG_SKIP_SLOTS);
 
@@ -305,9 +298,9 @@ static __always_inline __u32 tx_process(struct __sk_buff *skb, struct tx_out *ou
 			HSTAT_INC(retx_steered);
 		}
 	}
-	pk.table = peer_idx * 2 + (peer->table & 1);
+	pk.n = n;
 	pk.slot = start;
-	if (!path && tx_walk(peer_idx, n_paths, now, &pk)) {
+	if (!path && tx_walk(peer_idx, n_paths, now, slots, &pk)) {
 		u.path_id = pk.pid;
 		verdict = pk.verdict;
 		path = path_cfg(peer_idx, pk.pid);
