@@ -6,6 +6,8 @@ from __future__ import annotations
 import time
 from collections import Counter
 
+import pytest
+
 import unit_pkt as pkt
 from unit_dp import (PATHS, PEER, PEER_OVERLAY, TC_ACT_REDIRECT)
 from mrcctl.datapath import abi as wire
@@ -82,11 +84,31 @@ def test_flowlet_moves_after_an_idle_gap(dp):
     mode(dp, wire.SprayMode.FLOWLET, gap_us=2_000)
     first = send(dp, inner(40000))
     time.sleep(0.02)                                    # 20 ms idle > 2 ms gap
+    last = time.monotonic_ns()
     second = send(dp, inner(40000, seq=200))
     assert second != first                              # next slot of the round robin
     assert [f.moves for f in flowlets(dp).values()] == [1]
-    # back-to-back units continue the new flowlet (test_run takes ~10 us each)
-    assert {send(dp, inner(40000, seq=400 + i)) for i in range(20)} == {second}
+    # back-to-back units continue the new flowlet (test_run takes ~10 us
+    # each). A round in which this process was held up for most of a gap
+    # (a busy machine) may rightly move on; it proves nothing and is tried
+    # again from where the flowlet is then.
+    on, seq = second, 400
+    for _ in range(10):
+        got, late = set(), False
+        for _i in range(20):
+            now = time.monotonic_ns()
+            late |= now - last >= 1_500_000
+            last = now
+            got.add(send(dp, inner(40000, seq=seq)))
+            seq += 1
+        if not late:
+            assert got == {on}
+            break
+        last = time.monotonic_ns()
+        on = send(dp, inner(40000, seq=seq))
+        seq += 1
+    else:
+        pytest.fail("no round of 20 units without a 1.5 ms hold-up in 10 tries")
 
 
 def test_flowlet_leaves_an_unusable_path_and_stays_on_the_new_one(dp):
