@@ -390,7 +390,30 @@ def _apply(cfg, inst, nl, planes, mtu, digest, prior, neigh_wait: float = NEIGH_
     note = f" ({len(unresolved)} neighbours unresolved, kernel resolves them)" if unresolved else ""
     n_paths = sum(len(p.paths) for p in cfg.peers)
     return (f"{cfg.overlay_device}: up, {cfg.overlay_address} mtu {mtu}, {len(cfg.planes)} planes, "
-            f"{len(cfg.peers)} peers, {n_paths} paths{note}")
+            f"{len(cfg.peers)} peers, {n_paths} paths{note}{few_evs_note(cfg, hops)}")
+
+
+# EVs per plane that spread a peer behind gateways over a fabric's ECMP
+# paths: docs/fabric.md, "How many EVs".
+ROUTED_EVS = 16
+
+
+def few_evs_note(cfg: cfgmod.Config, hops: dict) -> str:
+    """A hint for peers reached through a gateway (a routed plane: a leaf
+    switch hashes each EV onto one of its uplinks) with fewer than
+    ROUTED_EVS EVs per plane: a few EVs often share one uplink and leave
+    another idle (on the fabric testbed one connection moved 0.92 Gbit/s
+    of 2 with 4 EVs per plane, 1.47-1.56 with 16). A hint, not a default:
+    more paths cost CPU, and traffic to many peers at once spreads over the
+    links anyway (a 4-host allreduce there was faster with 4). hops:
+    (plane device, peer address) -> (ifindex, next hop)."""
+    routed = {a for (_, a), (_, hop) in hops.items() if hop != a}
+    few = [p for p in cfg.peers if p.evs_per_plane < ROUTED_EVS and any(str(x.remote) in routed for x in p.paths)]
+    if not few:
+        return ""
+    who = f"peer {few[0].name}" if len(few) == 1 else f"{len(few)} peers ({few[0].name}, ...)"
+    return (f"; note: {who} behind gateways with {few[0].evs_per_plane} EVs per plane: ECMP may hash one "
+            f"connection's EVs onto few of the fabric's links (evs_per_plane, docs/fabric.md)")
 
 
 def _attach_rx_xdp(nl: topology.Netlink, dev: str, fd: int, state: dict, prior: dict) -> None:
