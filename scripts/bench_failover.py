@@ -400,15 +400,15 @@ class Scenario:
         self.name, self.a = name, a
         self.spec = MATRIX_SCENARIOS[name]
         self.rto_min_us: dict[int, str] = {}     # what mptcp-rto5 found, to put back
-        health = "[health]\n" + (f"dead_after_ms = {a.dead_after}\n" if a.dead_after else "")
+        extra = "[health]\n" + (f"dead_after_ms = {a.dead_after}\n" if a.dead_after else "")
         if a.weights_mode:
-            health += f'[weights]\nmode = "{a.weights_mode}"\n'
+            extra += f'[weights]\nmode = "{a.weights_mode}"\n'
         kw = dict(fabric=self.spec["fabric"]) if self.spec["fabric"] else dict(rates=self.spec["rates"])
         if self.spec["udp"]:
             kw["rx_hook"] = "tc"
         (tmp / name).mkdir(parents=True, exist_ok=True)
         self.lab = Lab(tmp / name, 2, self.spec["planes"], prefix=a.prefix, evs=self.spec["evs"],
-                       extra=health, **kw)
+                       extra=extra, **kw)
 
     def __enter__(self):
         self.lab.__enter__()
