@@ -394,16 +394,17 @@ def _apply(cfg, inst, nl, planes, mtu, digest, prior, neigh_wait: float = NEIGH_
 
 
 # EVs per plane that spread a peer behind gateways over a fabric's ECMP
-# paths: docs/fabric.md, "How many EVs".
-ROUTED_EVS = 16
+# paths: docs/fabric.md, "How many EVs" (8 and 16 alike there, 4 far less).
+ROUTED_EVS = 8
 
 
 def few_evs_note(cfg: cfgmod.Config, hops: dict) -> str:
     """A hint for peers reached through a gateway (a routed plane: a leaf
     switch hashes each EV onto one of its uplinks) with fewer than
     ROUTED_EVS EVs per plane: a few EVs often share one uplink and leave
-    another idle (on the fabric testbed one connection moved 0.92 Gbit/s
-    of 2 with 4 EVs per plane, 1.47-1.56 with 16). A hint, not a default:
+    another idle (on the fabric testbed one connection moved 0.91 Gbit/s
+    of 2 with 4 EVs per plane, 1.31 with 8, 1.25 with 16: medians of
+    scripts/bench_evs.py). A hint, not a default:
     more paths cost CPU, and traffic to many peers at once spreads over the
     links anyway (a 4-host allreduce there was faster with 4). hops:
     (plane device, peer address) -> (ifindex, next hop)."""
