@@ -124,7 +124,10 @@ def test_when_every_slot_is_marked_a_marked_path_carries_the_unit(dp):
 
 
 def test_a_path_marked_after_its_hold_is_held_longer_and_unmarked_echoes_shorten_it(dp):
-    dp.set_cfg(udp_port=UDP_PORT, cong_hold_us=HOLD_US)
+    # a hold that outlasts a busy machine's pause between two test runs: a
+    # 1 ms one made the echo "sent before the hold" a first try after it
+    hold = 50 * HOLD_US
+    dp.set_cfg(udp_port=UDP_PORT, cong_hold_us=hold)
     ece = wire.MRC_F_FEEDBACK | wire.MRC_F_ECE
     ts = iter(range(100, 200))
 
@@ -146,12 +149,12 @@ def test_a_path_marked_after_its_hold_is_held_longer_and_unmarked_echoes_shorten
     echo(ece)                                 # sent before the hold: restarts it only
     assert cong(dp, 3).hold_shift == 0
     for shift in range(1, 7):                 # each first try after a hold is marked
-        marked_ago(1.5 * (HOLD_US << (shift - 1)))
+        marked_ago(1.5 * (hold << (shift - 1)))
         echo(ece)
         assert cong(dp, 3).hold_shift == min(shift, 5)      # CONG_MAX_SHIFT: at most 32 x
-    # the walk passes it over for the longer hold: 2 x HOLD_US after the mark
+    # the walk passes it over for the longer hold: 2 x hold after the mark
     dp.set_slots([3, 0])
-    marked_ago(2 * HOLD_US)
+    marked_ago(2 * hold)
     ret, out = dp.run_tx(inner_tx())
     assert pkt.mrc_hdr_of(out).path_id == 0
     for want in (4, 3, 2, 1, 0, 0):           # unmarked echoes halve the hold
