@@ -21,9 +21,10 @@ EV probes sent per second (the agent's health.json), and the wall time of
 
 Membership churn (--churn N, default 10): during a paced, sha256-checked
 stream to h1, N absent peers are added one at a time with `mrcctl peer
-add` and removed again with `mrcctl peer remove` (the hub's [peers] dir);
-measured: the time the agent took to apply each change (what the command
-reports), how long until the agent, which starts itself again on the new
+add` and removed again with `mrcctl peer remove` (the hub's [peers] dir),
+then N more by a file renamed into that dir and deleted again; measured: the time the agent took to apply each change (what the command
+reports; for a dropped file, until h0 has the route to the new peer, as
+`ip monitor` stamps it), how long until the agent, which starts itself again on the new
 peer list, reports again, and what the stream to h1 lost meanwhile (wire PSNs h1's reorder
 window never got, net of late arrivals; the bytes and their sha256).
 Writes scale.md and scale.json (appending a labelled run) into --out.
@@ -32,6 +33,7 @@ Writes scale.md and scale.json (appending a labelled run) into --out.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import re
@@ -152,8 +154,34 @@ def timed(fn) -> float:
     return round(time.monotonic() - t, 3)
 
 
-def churn(lab: Lab, n: int, evs: int) -> dict:
+def file_dropped(lab: Lab, peers_dir: Path, k: int, evs: int) -> float:
+    """Drop a peer file into the peers dir as a ConfigMap would (written
+    aside, renamed in); ms until h0 has the route to its overlay, seen by
+    `ip monitor` in h0 (started before the rename)."""
+    overlay = f"172.31.251.{k + 1}"
+    und = "\n".join(f'{lab.tb.dev(0, 1, p)} = "10.{ABSENT_NET + p}.201.{k + 1}"' for p in range(PLANES))
+    tmp = peers_dir / f".drop{k}.toml.new"
+    tmp.write_text(f'overlay = "{overlay}"\nevs_per_plane = {evs}\n\n[underlay]\n{und}\n')
+    mon = lab.tb.popen(0, ["timeout", "10", "stdbuf", "-oL", "ip", "-ts", "monitor", "route"],
+                       stdout=subprocess.PIPE, text=True)
+    time.sleep(0.3)
+    t0 = time.time()
+    tmp.rename(peers_dir / f"drop{k}.toml")
+    try:
+        for line in mon.stdout:
+            stamp, _, rest = line.partition("] ")
+            if rest.startswith(f"{overlay} "):
+                seen = datetime.datetime.fromisoformat(stamp.lstrip("[")).timestamp()
+                return round((seen - t0) * 1000, 1)
+        raise SystemExit(f"no route to {overlay} within 10 s of dropping its file")
+    finally:
+        mon.kill()
+        mon.wait()
+
+
+def churn(lab: Lab, peers_dir: Path, n: int, evs: int) -> dict:
     """n absent peers added and removed one at a time, each by `mrcctl peer`,
+    then n by a file dropped into the peers dir and deleted again,
     while h0 streams to h1 below the planes' rate (so that a PSN h1 never
     gets is mrc's loss, not a queue's)."""
     cfg0 = str(lab.configs[0])
@@ -164,7 +192,7 @@ def churn(lab: Lab, n: int, evs: int) -> dict:
                             "--timeout", "60"],
                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     time.sleep(1.0)
-    add_ms, remove_ms = [], []
+    add_ms, remove_ms, drop_ms = [], [], []
 
     def applied(out: str) -> float:
         m = re.search(r"applied by the agent in ([0-9.]+) ms", out)
@@ -198,6 +226,11 @@ def churn(lab: Lab, n: int, evs: int) -> dict:
             since = time.time()
             remove_ms.append(applied(lab.mrcctl(0, "peer", "remove", "-c", cfg0, f"churn{k}").stdout))
             restarted(since)
+        for k in range(n):
+            drop_ms.append(file_dropped(lab, peers_dir, k, evs))
+            since = time.time()
+            (peers_dir / f"drop{k}.toml").unlink()
+            restarted(since)
     except BaseException:
         send.kill()
         raise
@@ -207,10 +240,11 @@ def churn(lab: Lab, n: int, evs: int) -> dict:
     send.send_signal(signal.SIGUSR1)      # the stream ends at its next chunk
     sent, got = lab.result(send, 120), lab.result(recv, 120)
     after = lab.status(1)["peers"][0]["reorder"]
-    return {"changes": 2 * n,
+    return {"changes": 4 * n,
             "add_ms_median": round(statistics.median(add_ms), 1), "add_ms_max": round(max(add_ms), 1),
             "remove_ms_median": round(statistics.median(remove_ms), 1),
             "remove_ms_max": round(max(remove_ms), 1),
+            "drop_ms_median": round(statistics.median(drop_ms), 1), "drop_ms_max": round(max(drop_ms), 1),
             "agent_back_s_median": round(statistics.median(back_s), 2), "agent_back_s_max": round(max(back_s), 2),
             "stream_mb": round(got["bytes"] / 1e6, 1),
             "stream_intact": got["bytes"] == sent["bytes"] and got["sha256"] == sent["sha256"],
@@ -253,7 +287,7 @@ def scenario(name: str, idle_s: float, prefix: str, n_churn: int = 0) -> dict:
                "map_memory_mb": round(map_memory_mb(pid), 2), "idle": idle, "transfer": busy,
                "status_s": status_s, "scrape_s": scrape_s}
         if n_churn and not (limit and 1 + n_absent >= int(limit)):     # a full instance refuses more
-            row["churn"] = churn(lab, n_churn, evs)
+            row["churn"] = churn(lab, peers_dir, n_churn, evs)
         return row
 
 
@@ -281,12 +315,14 @@ def write(out: Path, label: str, rows: list[dict], cmd: str) -> None:
             md += ["Membership churn under a stream to h1 (peers added and removed one at a time by "
                    "`mrcctl peer`; apply time as the agent reports it):", "",
                    "| scenario | changes | add ms median / max | remove ms median / max | "
+                   "file dropped -> route ms median / max | "
                    "agent reporting again s median / max | stream MB | stream intact | wire PSNs lost |",
-                   "|---|---|---|---|---|---|---|---|"]
+                   "|---|---|---|---|---|---|---|---|---|"]
             for r in churned:
                 c = r["churn"]
                 md.append(f"| {r['scenario']} | {c['changes']} | {c['add_ms_median']} / {c['add_ms_max']} | "
                           f"{c['remove_ms_median']} / {c['remove_ms_max']} | "
+                          f"{c.get('drop_ms_median', '–')} / {c.get('drop_ms_max', '–')} | "
                           f"{c.get('agent_back_s_median', '–')} / {c.get('agent_back_s_max', '–')} | {c['stream_mb']} | "
                           f"{'yes' if c['stream_intact'] else 'NO'} | {c['lost_psns']} |")
             md.append("")
