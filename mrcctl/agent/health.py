@@ -34,7 +34,7 @@ import struct
 import time
 from dataclasses import dataclass, field
 
-from ..datapath import abi as wire, auth
+from ..datapath import abi as wire, auth, maps as dpmaps
 from ..datapath.libbpf import RingBuffer
 from ..datapath.netdev import NETDEV_XDP_ACT_NDO_XMIT, send_frames, xdp_features
 from ..errors import MrcError
@@ -458,16 +458,8 @@ class Prober:
         """Peer indices whose tx PSN (mrc_peer_seq.psn, the first u64 of
         each entry) changed since the last interval: every peer the first
         time."""
-        seq_m = self.agent.dp.map("mrc_peer_seq")
-        raw = seq_m.read_raw(0, self.cfg.index_span)
-        stride = seq_m.value_size // 8
-        psns = memoryview(raw).cast("Q")[::stride].tolist() if raw else []
-        old, self._psns = self._psns, psns
-        if old is None or len(old) != len(psns):
-            return list(range(len(psns)))
-        if psns == old:
-            return []
-        return [i for i, (a, b) in enumerate(zip(psns, old)) if a != b]
+        old, self._psns = self._psns, self.agent.dp.tx_psns(self.cfg.index_span)
+        return dpmaps.changed(self._psns, old)
 
     def _not_good_peers(self, live_m) -> set[int]:
         """Peers with a path whose mrc_live.state is not GOOD, from one read

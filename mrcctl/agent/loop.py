@@ -7,7 +7,9 @@ crashed agent costs probes and events, not packets.
 
 The agent is a single-threaded loop of periodic tasks. Subsystems register
 with `Agent.add_task(name, period_s, fn)`; fn(now_monotonic) is called at
-most once per period and its exceptions are logged, never fatal. Readers
+most once per period (or once per the seconds it returns, when it returns
+a number: a task with nothing to watch waits longer) and its exceptions are
+logged, never fatal. Readers
 that want to sleep on a file descriptor (ring buffer, netlink) register with
 `Agent.add_reader(fd, fn)`.
 """
@@ -47,7 +49,7 @@ def _ifindex(dev: str) -> int:
 class Task:
     name: str
     period: float
-    fn: Callable[[float], None]
+    fn: Callable[[float], float | None]
     due: float = 0.0
     runs: int = 0
     errors: int = 0
@@ -71,7 +73,7 @@ class Agent:
         self.add_task("orphan", ORPHAN_CHECK_S, self._check_orphan)
 
     # ------------------------------------------------------------ registration
-    def add_task(self, name: str, period_s: float, fn: Callable[[float], None]) -> Task:
+    def add_task(self, name: str, period_s: float, fn: Callable[[float], float | None]) -> Task:
         t = Task(name, period_s, fn)
         self.tasks.append(t)
         return t
@@ -127,23 +129,28 @@ class Agent:
     def stop(self, *_):
         self.stopping = True
 
+    def run_due(self, now: float) -> None:
+        """Run the tasks due at `now`; set when each is due next."""
+        for t in self.tasks:
+            if now >= t.due:
+                t0 = time.monotonic()
+                wait = None
+                try:
+                    wait = t.fn(now)
+                except Exception:  # a task's bug must not stop probing
+                    t.errors += 1
+                    log.exception("task %s failed", t.name)
+                t.runs += 1
+                t.busy_s += time.monotonic() - t0
+                t.due = now + (t.period if wait is None else wait)
+
     def run(self, duration: float | None = None) -> None:
         signal.signal(signal.SIGTERM, self.stop)
         signal.signal(signal.SIGINT, self.stop)
         end = None if duration is None else time.monotonic() + duration
         while not self.stopping and (end is None or time.monotonic() < end):
             now = time.monotonic()
-            for t in self.tasks:
-                if now >= t.due:
-                    t0 = time.monotonic()
-                    try:
-                        t.fn(now)
-                    except Exception:  # a task's bug must not stop probing
-                        t.errors += 1
-                        log.exception("task %s failed", t.name)
-                    t.runs += 1
-                    t.busy_s += time.monotonic() - t0
-                    t.due = now + t.period
+            self.run_due(now)
             due = min((t.due for t in self.tasks), default=now + 0.5)
             timeout = max(0.0, min(due - time.monotonic(), 0.5))
             for key, _ in self.sel.select(timeout):

@@ -54,8 +54,10 @@ Updates go through instance.slots.set_slots: the idle slot table is written, the
 the peer flips to it, so the datapath never sees a half-written table.
 
 What the agent costs (it shares the CPUs with the datapath it steers):
-while every plane is idle a step looks at the devices' byte counters only
-(a full step every QUIET_EVERY intervals keeps base RTTs current); a busy
+a step reads every peer's tx PSN in one read of mrc_peer_seq and looks only
+at the peers that sent IDLE_BPS since the last step or did not for less than
+QUIET_AFTER steps (an idle peer gets a full step every IDLE_FULL_S, which
+learns from a probe's echo, if any came, to keep base RTTs current); a busy
 step reads the peer's counters in one batch, the qdiscs by one netlink dump
 at most every BACKLOG_TTL_S, and rewrites the slot table only when the
 weights moved by WRITE_MIN. Where the CPU is the limit, every
@@ -79,7 +81,7 @@ import os
 from dataclasses import dataclass, field
 
 from ..datapath import abi as wire
-from ..datapath import libbpf, netdev
+from ..datapath import libbpf, maps as dpmaps, netdev
 from ..instance import config as cfgmod
 from ..instance.slots import rebuild_slots, set_path_weights
 from . import loop as agentmod
@@ -99,7 +101,10 @@ SMOOTH = 0.5            # weights move this fraction of the way to the new share
 WRITE_MIN = 12          # rewrite the slot table when weights moved by >= 12/240 in total:
                         # each rewrite moves traffic between queues, i.e. reorders
 IDLE_BPS = 1_000_000    # below this many bytes/s toward a peer: do not re-weight
-QUIET_AFTER, QUIET_EVERY = 3, 10   # idle planes: a full step only every 10th interval
+QUIET_AFTER = 3         # intervals in a row under IDLE_BPS before a peer counts as idle
+IDLE_FULL_S = 1.0       # an idle peer: a full step (new echoes, its planes' rates) once a second
+IDLE_STEP_S = 0.05      # every peer idle: the next look for traffic this much later, not an interval
+PSN_BYTES = 1500        # a wire packet carries at most this much: PSNs/s x this bounds bytes/s
 MIN_RTT_WINDOW_S = 10.0  # base RTT = minimum over the last 10-20 s
 GAP_PERIOD_S = 0.1
 USABLE_TTL_S = 0.1
@@ -127,8 +132,8 @@ class _PeerState:
     updates: int = 0
     caps: list[float | None] | None = None   # per plane: its known local rate (Controller._caps)
     caps_t: float = 0.0
-    look_dev: list[int | None] = field(default_factory=list)   # Controller._quiet's last look
-    look_t: float = 0.0
+    full_at: float = 0.0                 # Controller._quiet: an idle peer's next full step
+    look_delay: bytes = b""              # the paths' mrc_path_delay at the last full idle step
     quiet: int = 0
 
 
@@ -245,6 +250,10 @@ class Controller:
         self.usable: dict[int, tuple[float, list[bool]]] = {}
         self.backlog_cache: tuple[float, dict[int, tuple[int, int | None]]] | None = None
         self.gaps: dict[int, int] = {}
+        self.psns: list[int] = []           # every peer's tx PSN at the last step (Datapath.tx_psns)
+        self.psns_t = 0.0
+        self.by_index = {p.index: p for p in cfg.peers}
+        self.asleep: dict[int, float] = {}  # idle peers (Controller._quiet): index -> next full step
 
     def _state(self, peer: cfgmod.Peer, now: float) -> _PeerState:
         st = self.peers.get(peer.index)
@@ -349,16 +358,50 @@ class Controller:
         tx = [sum(words[i * per_path + 1:(i + 1) * per_path:per_cpu]) for i in range(n)]
         return delays, self._usable(peer, now), tx
 
-    def step(self, now: float) -> None:
+    def _echoed(self, peer: cfgmod.Peer, st: _PeerState) -> bool:
+        """Whether an echo reached any path of an idle peer since its last
+        full step (a probe's): the only thing such a step can learn."""
+        raw = self.dp.map("mrc_path_delay").read_raw(self.dp.path_idx(peer.index, 0), len(peer.paths))
+        if raw == st.look_delay:
+            return False
+        st.look_delay = raw
+        return True
+
+    def step(self, now: float) -> float | None:
+        """One control interval over the peers; returns IDLE_STEP_S when
+        every peer is idle (the agent loop waits that long instead of an
+        interval: a peer that starts sending keeps the weights it had for
+        up to that long)."""
         txs: dict[str, int | None] = {}     # each plane device read once a step, for every peer
-        for peer in self.cfg.peers:
+        psns, prev = self.dp.tx_psns(self.cfg.index_span), self.psns
+        span = now - self.psns_t if self.psns_t else 0.0
+        self.psns, self.psns_t = psns, now
+        # looked at: every peer not idle, an idle one whose PSN moved or
+        # whose full step is due; the others cost nothing (one compare of
+        # the PSN lists when none moved)
+        asleep = self.asleep
+        moved = set(dpmaps.changed(psns, prev or None))
+        look = [i for i in self.by_index if i not in asleep or i in moved or now >= asleep[i]]
+        for i in look:
+            peer = self.by_index[i]
             st = self._state(peer, now)
+            sent_bps = (psns[i] - prev[i]) * PSN_BYTES / span if span > 0 and i < len(prev) else math.inf
+            # an idle peer's caps are followed at its full steps only: a
+            # rate lowered meanwhile meets no traffic, and the first look
+            # that sees traffic ends the quiet
+            skip = self._quiet(st, sent_bps, now, IDLE_FULL_S)
+            if st.quiet > QUIET_AFTER:
+                asleep[i] = st.full_at
+            else:
+                asleep.pop(i, None)
+            if skip:
+                continue
             caps = self._caps(st, now)
             if self._follow_caps(st, caps):
                 self._apply(peer, st)
-            dev = [txs[d] if d in txs else txs.setdefault(d, self._dev_tx(d)) for d in st.devices]
-            if self._quiet(st, dev, now):
+            if st.quiet > QUIET_AFTER and not self._echoed(peer, st):
                 continue
+            dev = [txs[d] if d in txs else txs.setdefault(d, self._dev_tx(d)) for d in st.devices]
             delays, usable, tx = self.read(peer, now)
             n = len(peer.paths)
             samples = [d.samples for d in delays]
@@ -430,20 +473,26 @@ class Controller:
                     "c_mbit": [None if x is None else round(x * 8e-6, 1) for x in st.c],
                     "w": [round(x, 4) for x in st.w]}) + "\n")
             self._apply(peer, st)
+        return IDLE_STEP_S if len(asleep) == len(self.by_index) else None
 
     @staticmethod
-    def _quiet(st: _PeerState, dev: list[int | None], now: float) -> bool:
-        """True when this interval can be skipped: the planes' devices moved
-        under IDLE_BPS since the last look (a few sysfs reads), for
-        QUIET_AFTER looks in a row, and this is not every QUIET_EVERY-th
-        (those keep the base RTTs current from the probes' echoes). The
-        next full step measures over the whole span since the last one."""
-        span = now - st.look_t if st.look_t else 0.0
-        moved = sum(max(0, a - b) for a, b in zip(dev, st.look_dev)
-                    if a is not None and b is not None) / span if span > 0 else math.inf
-        st.look_dev, st.look_t = dev, now
-        st.quiet = st.quiet + 1 if moved < IDLE_BPS else 0
-        return st.quiet > QUIET_AFTER and st.quiet % QUIET_EVERY != 0
+    def _quiet(st: _PeerState, sent_bps: float, now: float, every_s: float) -> bool:
+        """True when this interval can be skipped: the peer's own tx PSN
+        moved by less than IDLE_BPS worth of wire packets in the last
+        interval (one read of mrc_peer_seq for all peers: the plane devices,
+        which every peer shares, kept 63 idle peers stepping beside a busy
+        one), for QUIET_AFTER intervals in a row, and its last full step is
+        less than every_s ago (those keep the base RTTs current from the
+        probes' echoes, if any came: Controller._echoed). The next full step measures over the whole span
+        since the last one."""
+        if sent_bps >= IDLE_BPS:
+            st.quiet = 0
+            return False
+        st.quiet += 1
+        if st.quiet <= QUIET_AFTER or now >= st.full_at:
+            st.full_at = now + every_s
+            return False
+        return True
 
     def _follow_caps(self, st: _PeerState, caps: list[float | None]) -> bool:
         """Capacity estimates from the planes' known rates: planes whose first

@@ -19,6 +19,7 @@ from __future__ import annotations
 import collections
 import ctypes
 import errno as _errno
+import mmap
 import os
 import sys
 import threading
@@ -42,6 +43,7 @@ BPF_MAP_TYPE_LRU_PERCPU_HASH = 10
 BPF_MAP_TYPE_LPM_TRIE = 11
 BPF_MAP_TYPE_PERCPU_CGROUP_STORAGE = 21
 BPF_MAP_TYPE_RINGBUF = 27
+BPF_F_MMAPABLE = 1 << 10
 PERCPU_MAP_TYPES = frozenset({
     BPF_MAP_TYPE_PERCPU_HASH, BPF_MAP_TYPE_PERCPU_ARRAY,
     BPF_MAP_TYPE_LRU_PERCPU_HASH, BPF_MAP_TYPE_PERCPU_CGROUP_STORAGE,
@@ -468,6 +470,7 @@ class Map(_Fd):
         self.max_entries = info["max_entries"]
         self.map_type = info["type"]
         self.map_flags = info["map_flags"]
+        self._mapped: mmap.mmap | None = None
 
     @classmethod
     def from_id(cls, map_id: int) -> "Map":
@@ -483,6 +486,28 @@ class Map(_Fd):
     @property
     def percpu(self) -> bool:
         return self.map_type in PERCPU_MAP_TYPES
+
+    def mapped(self) -> mmap.mmap:
+        """An mmapable array (BPF_F_MMAPABLE) in this process's memory, read
+        only: its values one after another, each rounded up to 8 bytes, read
+        with no system call. For a task that looks at a field of every entry
+        many times a second; take a memoryview of it for as long as the read
+        lasts (close() cannot unmap what a view still holds)."""
+        if self._mapped is None:
+            if self.map_type != BPF_MAP_TYPE_ARRAY or not self.map_flags & BPF_F_MMAPABLE:
+                raise ValueError(f"map {self.name}: not an mmapable array")
+            self._mapped = mmap.mmap(self.fd, _round8(self.value_size) * self.max_entries,
+                                     mmap.MAP_SHARED, mmap.PROT_READ)
+        return self._mapped
+
+    def close(self) -> None:
+        if self._mapped is not None:
+            try:
+                self._mapped.close()
+            except BufferError:     # a view still open: unmapped when it goes
+                pass
+            self._mapped = None
+        super().close()
 
     def _key(self, key: bytes):
         if len(key) != self.key_size:

@@ -9,6 +9,16 @@ from . import abi
 from .libbpf import Map, Program
 
 
+def changed(new: list[int], old: list[int] | None) -> list[int]:
+    """Indices where two readings of a field differ (every index when the
+    lengths do): the lists compared whole first, since mostly none did."""
+    if old is None or len(old) != len(new):
+        return list(range(len(new)))
+    if new == old:
+        return []
+    return [i for i, (a, b) in enumerate(zip(new, old)) if a != b]
+
+
 class Record(Protocol):
     """What Datapath needs of an instance's state record (instance.state.Instance):
     taking it as a parameter keeps this layer free of the instance layer."""
@@ -89,6 +99,14 @@ class Datapath:
         key = self.path_key(peer, path_id)
         return abi.PathCounters.of(self.map("mrc_path_stats").lookup_percpu(key),
                                    self.map("mrc_path_cnt").lookup(key))
+
+    def tx_psns(self, span: int) -> list[int]:
+        """Every peer's next tx PSN (mrc_peer_seq.psn, the first u64 of each
+        entry) for indices 0..span-1, read from the map's memory (no system
+        call: the agent looks ~150 times a second)."""
+        seq_m = self.map("mrc_peer_seq")
+        with memoryview(seq_m.mapped()) as mv:
+            return mv.cast("Q")[:span * (seq_m.value_size // 8):seq_m.value_size // 8].tolist()
 
     def usable(self, peer: int, path_id: int) -> bool:
         return abi.path_usable(*self.path(peer, path_id))

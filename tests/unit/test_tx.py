@@ -13,6 +13,7 @@ import unit_pkt as pkt
 from unit_dp import (OVL_DMAC, OVL_SMAC, PATHS, PEER, PEER_OVERLAY, TC_ACT_REDIRECT, TC_ACT_SHOT,
                      UDP_PORT, drops_delta, now_us)
 from mrcctl.datapath import abi as wire
+from mrcctl.datapath.maps import Datapath, changed
 from mrcctl.instance.slots import build_slot_table
 
 
@@ -298,3 +299,28 @@ def test_sizes(dp, size):
     inner = inner_udp(size - 14 - 28)
     ret, out = dp.run_tx(inner)
     assert ret == TC_ACT_REDIRECT and len(out) == len(inner) + wire.MRC_OVERHEAD_V4
+
+
+def test_tx_psns_are_read_from_the_maps_memory(dp):
+    """The agent's look at every peer's tx PSN (Datapath.tx_psns, an mmap of
+    mrc_peer_seq): what mrc_tx reserved, live, with no second read."""
+
+    class Record:
+        overlay = "test"
+
+        def read(self):
+            return {"map_ids": {name: m.id for name, m in dp.maps.items()}}
+
+    live = Datapath(Record())
+    dp.set_slots([0])
+    before = live.tx_psns(PEER + 2)
+    assert before == [0] * (PEER + 2)
+    dp.run_tx(inner_tcp(7000, 1000), ctx_in=_skb_ctx(gso_segs=5))
+    dp.run_tx(inner_tcp(12000, 100))
+    after = live.tx_psns(PEER + 2)
+    assert after[PEER] == dp.seq().psn == 6
+    assert changed(after, before) == [PEER] and changed(after, after) == [] \
+        and changed(after, None) == list(range(PEER + 2))
+    with pytest.raises(ValueError, match="not an mmapable array"):
+        live.map("mrc_cfg").mapped()
+    live.map("mrc_peer_seq").close()

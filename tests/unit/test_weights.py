@@ -3,6 +3,8 @@ and the config keys of issue 4. No BPF here."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from mrcctl.instance import config as cfgmod
@@ -103,14 +105,20 @@ def test_a_lowered_plane_rate_takes_effect_at_once():
     assert st.c == [25 * MB, 100 * MB] and st.w == pytest.approx([0.2, 0.8])
 
 
-def test_idle_planes_are_looked_at_without_a_full_step():
+def test_an_idle_peer_is_looked_at_without_a_full_step():
     st = _state(1)
-    skipped = [W.Controller._quiet(st, [0], t * 0.01) for t in range(1, 40)]
+    dt = 1 / 64             # an interval of ~16 ms, exact in binary
+    every = 10 * dt
+    # a trickle (a ping per interval: 96 KB/s at most) is idle
+    # (the first step has no interval to measure: as if busy)
+    sent = [math.inf] + [W.PSN_BYTES / dt] * 38
+    skipped = [W.Controller._quiet(st, bps, t * dt, every) for t, bps in enumerate(sent, 1)]
     assert skipped[:W.QUIET_AFTER + 1] == [False] * (W.QUIET_AFTER + 1)
     full = [i for i, x in enumerate(skipped) if not x and i > W.QUIET_AFTER]
-    assert full and all(b - a == W.QUIET_EVERY for a, b in zip(full, full[1:]))
-    # traffic (10 MB in 10 ms) ends the quiet at once
-    assert not W.Controller._quiet(st, [10_000_000], 0.40)
+    assert full and all(b - a == 10 for a, b in zip(full, full[1:]))
+    # traffic (100 wire packets in an interval) ends the quiet at once
+    assert not W.Controller._quiet(st, 100 * W.PSN_BYTES / dt, 40 * dt, every)
+    assert st.quiet == 0
 
 
 def test_unusable_planes_get_nothing():
@@ -249,3 +257,22 @@ def test_many_peers_default_to_fixed_weights():
     assert cfgmod.weights_mode(cfg(n)) == "adaptive"
     assert cfgmod.weights_mode(cfg(n + 1)) == "fixed"
     assert cfgmod.weights_mode(cfg(n + 1, '[weights]\nmode = "adaptive"')) == "adaptive"
+
+
+def test_a_task_may_ask_to_wait_longer():
+    """The agent loop (loop.Agent.run_due): a task that returns a number is
+    due again that many seconds later (the weights step when every peer is
+    idle), one that returns None after its period, one that fails too."""
+    from mrcctl.agent import loop
+
+    def boom(_now):
+        raise RuntimeError("a task's bug")
+
+    agent = loop.Agent.__new__(loop.Agent)
+    agent.tasks = [loop.Task("idle", 0.01, lambda _now: W.IDLE_STEP_S),
+                   loop.Task("busy", 0.01, lambda _now: None), loop.Task("boom", 0.02, boom)]
+    agent.run_due(100.0)
+    assert [t.due for t in agent.tasks] == [100.0 + W.IDLE_STEP_S, 100.01, 100.02]
+    assert [(t.runs, t.errors) for t in agent.tasks] == [(1, 0), (1, 0), (1, 1)]
+    agent.run_due(100.015)                      # only the busy one is due
+    assert [t.runs for t in agent.tasks] == [1, 2, 1]
