@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import struct
 from typing import Protocol
 
 from ..errors import MrcError
 from . import abi
 from .libbpf import Map, Program
+
+
+_U64 = struct.Struct("=Q")
+_ACK_MAX_AT = abi.PeerSeq.offsets()["ack_max_ns"]
 
 
 def changed(new: list[int], old: list[int] | None) -> list[int]:
@@ -107,6 +112,12 @@ class Datapath:
         seq_m = self.map("mrc_peer_seq")
         with memoryview(seq_m.mapped()) as mv:
             return mv.cast("Q")[:span * (seq_m.value_size // 8):seq_m.value_size // 8].tolist()
+
+    def ack_max_ns(self, peer: int) -> int:
+        """mrc_peer_seq.ack_max_ns of one peer (the newest send time that any
+        of its evidence covers), from the map's memory."""
+        seq_m = self.map("mrc_peer_seq")
+        return _U64.unpack_from(seq_m.mapped(), peer * seq_m.value_size + _ACK_MAX_AT)[0]
 
     def usable(self, peer: int, path_id: int) -> bool:
         return abi.path_usable(*self.path(peer, path_id))

@@ -512,3 +512,23 @@ def test_echo_serves_the_least_recently_echoed_path(hdp):
     # then path 2, echoed more recently but still waiting
     assert echoed == [(0, 300), (2, 200)], echoed
     assert hdp.live(0).fb_echoed == 300 and hdp.live(2).fb_echoed == 200
+
+
+def test_agent_probes_a_good_path_only_when_its_evidence_is_overdue():
+    """The agent's probe policy for a GOOD path of a peer in use
+    (health.good_path_due): by its evidence's age, except while that
+    evidence is on its way (the peer's evidence flows, the oldest unit
+    outstanding on the path is younger than an interval plus the path's
+    usual coverage delay)."""
+    from mrcctl.agent.health import good_path_due
+    ms = 1_000_000
+    iv, now = 20 * ms, 1000 * ms
+    assert not good_path_due(now, iv, False, now - 5 * ms, 0, 0)            # fresh evidence
+    assert good_path_due(now, iv, False, now - 30 * ms, 0, 0)               # quiet, no data on it
+    assert good_path_due(now, iv, True, now - 30 * ms, 0, 0)                # ... while the peer's flows
+    # a unit out 25 ms on a path whose evidence takes ~15 ms: on its way
+    assert not good_path_due(now, iv, True, now - 30 * ms, now - 25 * ms, 15 * ms)
+    # ... 40 ms: overdue
+    assert good_path_due(now, iv, True, now - 50 * ms, now - 40 * ms, 15 * ms)
+    # the peer's evidence stalled (TCP waiting out a loss): by age again
+    assert good_path_due(now, iv, False, now - 30 * ms, now - 25 * ms, 15 * ms)

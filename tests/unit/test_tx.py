@@ -321,6 +321,11 @@ def test_tx_psns_are_read_from_the_maps_memory(dp):
     assert after[PEER] == dp.seq().psn == 6
     assert changed(after, before) == [PEER] and changed(after, after) == [] \
         and changed(after, None) == list(range(PEER + 2))
+    # the peer's newest covered send time, where the agent's probe policy reads it
+    seq = dp.seq()
+    seq.ack_max_ns = 123_456_789
+    dp.maps["mrc_peer_seq"].update(wire.u32(PEER), seq.pack())
+    assert live.ack_max_ns(PEER) == 123_456_789 and live.tx_psns(PEER + 1)[PEER] == 6
     with pytest.raises(ValueError, match="not an mmapable array"):
         live.map("mrc_cfg").mapped()
     live.map("mrc_peer_seq").close()
