@@ -50,8 +50,14 @@ class Lab:
 
     def __enter__(self):
         self.tb.up()
-        for i in self.tb.hosts():
-            self.write_config(i, **self.cfg_kw)
+        try:
+            for i in self.tb.hosts():
+                self.write_config(i, **self.cfg_kw)
+        except BaseException:
+            # __exit__ does not run when __enter__ fails: the namespaces
+            # would outlive the test
+            self.tb.down()
+            raise
         return self
 
     def __exit__(self, *exc):
