@@ -32,4 +32,5 @@ def write_section(f: Path, title: str, begin: str, end: str, lines: list[str]) -
         text = head + body + rest.split(end, 1)[1]
     else:
         text = text.rstrip("\n") + "\n\n" + body + "\n"
+    f.parent.mkdir(parents=True, exist_ok=True)     # a fresh --out DIR
     f.write_text(text)

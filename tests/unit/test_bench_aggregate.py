@@ -24,3 +24,17 @@ def test_per_packet_cost_smoke(bpf_objects):
     assert res["rx_tc_ratio"] > 1
     assert res["drops_during_bench"] == {}, "every packet must take the forwarding path"
     assert [s["per_packet_ns"] for s in seen] == [*progs[:6], "bare xdp pass", *progs[6:]]
+
+
+def test_generated_section_goes_into_a_fresh_out_dir(tmp_path):
+    """scripts.write_section: a benchmark's --out DIR need not exist (bench_evs
+    lost a run's results to a FileNotFoundError), and a second write
+    replaces its section, keeping the text around it."""
+    sys.path.insert(0, str(REPO))
+    from scripts import write_section
+    f = tmp_path / "new" / "dir" / "x.md"
+    write_section(f, "Title", "<!-- b -->", "<!-- e -->", ["one"])
+    assert f.read_text() == "# Title\n\n<!-- b -->\none\n<!-- e -->\n"
+    f.write_text(f.read_text() + "hand-written\n")
+    write_section(f, "Title", "<!-- b -->", "<!-- e -->", ["two"])
+    assert f.read_text() == "# Title\n\n<!-- b -->\ntwo\n<!-- e -->\nhand-written\n"
