@@ -483,8 +483,8 @@ class Controller:
         which every peer shares, kept 63 idle peers stepping beside a busy
         one), for QUIET_AFTER intervals in a row, and its last full step is
         less than every_s ago (those keep the base RTTs current from the
-        probes' echoes, if any came: Controller._echoed). The next full step measures over the whole span
-        since the last one."""
+        probes' echoes, if any came: Controller._echoed). The next full
+        step measures over the whole span since the last one."""
         if sent_bps >= IDLE_BPS:
             st.quiet = 0
             return False
