@@ -59,6 +59,11 @@ PROBE_LOSS = 3
 # ... and only when the path's evidence is this old: under load, probes
 # queue behind data and answer late, while the data feedback is fresh.
 PROBE_STALE_NS = 100_000_000
+# A peer in use that sent nothing for SETTLED_NS and has every unit on its
+# GOOD paths covered has its quiet GOOD paths probed when their evidence is
+# QUIET_PATH_NS old, not probe_interval_ms (health.good_path_due)
+SETTLED_NS = 40_000_000
+QUIET_PATH_NS = 100_000_000
 # A peer whose tx PSN has not moved for this long is idle: its GOOD paths
 # are not probed (the datapath judges them from data as soon as it flows)
 IN_USE_NS = 1_000_000_000
@@ -187,23 +192,30 @@ class ProbeGen:
         self.out.close()
 
 
-def good_path_due(now: int, interval_ns: int, flowing: bool, last_ack: int, unacked: int,
-                  cov_ns: int) -> bool:
+def good_path_due(now: int, interval_ns: int, flowing: bool, settled: bool, last_ack: int,
+                  unacked: int, cov_ns: int) -> bool:
     """Whether a GOOD path of a peer in use is due a probe (ns throughout):
-    when its evidence is an interval old, unless it is merely on its way -
-    the peer's evidence flows (`flowing`: a unit sent within an interval is
-    covered) and the path's oldest outstanding unit is younger than an
-    interval plus what its evidence normally takes (mrc_live.ev_cov_us).
+    when its evidence is an interval old (QUIET_PATH_NS once the peer is
+    `settled`: it sent nothing for SETTLED_NS and every unit sent on its
+    GOOD paths is covered - a burst that ended, not a flow stalled by a
+    loss), unless it is merely on its way: the peer's evidence flows
+    (`flowing`: a unit sent within an interval is covered) and the path's
+    oldest outstanding unit is younger than an interval plus what its
+    evidence normally takes (mrc_live.ev_cov_us).
 
     With many paths that is most of them: 64 paths at 3,000 units/s see a
     unit each per ~20 ms, covered 10-25 ms later; by the evidence's age
     alone one steady stream drew 1,100 probes/s, 180 with the exception.
     A path with nothing outstanding stays probed by its evidence's age:
     leaving those for 100 ms made fabric failovers slower (6 of 20 trials
-    stalled over 10 ms, against 1; docs/resilience.md)."""
-    if now - last_ack < interval_ns:
+    stalled over 10 ms, against 1; docs/resilience.md) - while the flow
+    went on; after a burst, every path at the interval drew up to the whole
+    probe budget for the second the peer stays in use (64 paths: 1,750
+    probes after each 0.5 s burst)."""
+    outstanding = unacked > last_ack
+    if now - last_ack < (QUIET_PATH_NS if settled and not outstanding else interval_ns):
         return False
-    return not (flowing and unacked > last_ack and now - unacked < interval_ns + cov_ns)
+    return not (flowing and outstanding and now - unacked < interval_ns + cov_ns)
 
 
 class Prober:
@@ -511,6 +523,10 @@ class Prober:
             pps = self._track(peer)
         act.bad = []
         flowing = in_use and now - dp.ack_max_ns(peer.index) < self.interval_ns
+        settled = in_use and now - (act.in_use_until - IN_USE_NS) >= SETTLED_NS and not any(
+            _U32.unpack_from(raw, _LIVE_AT["state"])[0] == wire.PathState.GOOD
+            and _U64.unpack_from(raw, _LIVE_AT["unacked_ns"])[0]
+            > _U64.unpack_from(raw, _LIVE_AT["last_ack_ns"])[0] for raw in lives)
         for pp in pps:
             if pp.plane in self.down or pp.path >= len(lives):
                 continue
@@ -528,7 +544,7 @@ class Prober:
             if not in_use:
                 continue
             last_ack = _U64.unpack_from(raw, _LIVE_AT["last_ack_ns"])[0]
-            if not good_path_due(now, self.interval_ns, flowing, last_ack,
+            if not good_path_due(now, self.interval_ns, flowing, settled, last_ack,
                                  _U64.unpack_from(raw, _LIVE_AT["unacked_ns"])[0],
                                  _U32.unpack_from(raw, _LIVE_AT["ev_cov_us"])[0] * 1000):
                 continue

@@ -523,12 +523,18 @@ def test_agent_probes_a_good_path_only_when_its_evidence_is_overdue():
     from mrcctl.agent.health import good_path_due
     ms = 1_000_000
     iv, now = 20 * ms, 1000 * ms
-    assert not good_path_due(now, iv, False, now - 5 * ms, 0, 0)            # fresh evidence
-    assert good_path_due(now, iv, False, now - 30 * ms, 0, 0)               # quiet, no data on it
-    assert good_path_due(now, iv, True, now - 30 * ms, 0, 0)                # ... while the peer's flows
+    assert not good_path_due(now, iv, False, False, now - 5 * ms, 0, 0)            # fresh evidence
+    assert good_path_due(now, iv, False, False, now - 30 * ms, 0, 0)               # quiet, no data on it
+    assert good_path_due(now, iv, True, False, now - 30 * ms, 0, 0)                # ... while the peer's flows
     # a unit out 25 ms on a path whose evidence takes ~15 ms: on its way
-    assert not good_path_due(now, iv, True, now - 30 * ms, now - 25 * ms, 15 * ms)
+    assert not good_path_due(now, iv, True, False, now - 30 * ms, now - 25 * ms, 15 * ms)
     # ... 40 ms: overdue
-    assert good_path_due(now, iv, True, now - 50 * ms, now - 40 * ms, 15 * ms)
+    assert good_path_due(now, iv, True, False, now - 50 * ms, now - 40 * ms, 15 * ms)
     # the peer's evidence stalled (TCP waiting out a loss): by age again
-    assert good_path_due(now, iv, False, now - 30 * ms, now - 25 * ms, 15 * ms)
+    assert good_path_due(now, iv, False, False, now - 30 * ms, now - 25 * ms, 15 * ms)
+    # a burst that ended (settled): a quiet path at QUIET_PATH_NS, not an interval
+    from mrcctl.agent.health import QUIET_PATH_NS
+    assert not good_path_due(now, iv, False, True, now - 30 * ms, 0, 0)
+    assert good_path_due(now, iv, False, True, now - QUIET_PATH_NS, 0, 0)
+    # ... but a unit outstanding on it still counts from an interval
+    assert good_path_due(now, iv, False, True, now - 30 * ms, now - 25 * ms, 0)
