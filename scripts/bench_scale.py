@@ -22,11 +22,13 @@ EV probes sent per second (the agent's health.json), and the wall time of
 Membership churn (--churn N, default 10): during a paced, sha256-checked
 stream to h1, N absent peers are added one at a time with `mrcctl peer
 add` and removed again with `mrcctl peer remove` (the hub's [peers] dir),
-then N more by a file renamed into that dir and deleted again; measured: the time the agent took to apply each change (what the command
-reports; for a dropped file, until h0 has the route to the new peer, as
-`ip monitor` stamps it), how long until the agent, which starts itself again on the new
-peer list, reports again, and what the stream to h1 lost meanwhile (wire PSNs h1's reorder
-window never got, net of late arrivals; the bytes and their sha256).
+then N more by a file renamed into that dir and deleted again; measured:
+the time the agent took to apply each change (what the command reports;
+for a dropped file, until h0 has the route to the new peer, as `ip
+monitor` stamps it), how long until the agent, which starts itself again
+on the new peer list, reports again, and what the stream to h1 lost
+meanwhile (wire PSNs h1's reorder window never got, net of late arrivals;
+the bytes and their sha256).
 Writes scale.md and scale.json (appending a labelled run) into --out.
 """
 
