@@ -50,6 +50,19 @@ here), and echo delay also grows with a busy receiver CPU, which says
 nothing about the plane. Delay (or backlog) says *whether* a plane is
 saturated; the delivered rate says by how much.
 
+Within a plane, the same law splits the plane's weight over its EVs
+(split_evs). On a routed plane each EV crosses the fabric links its hash
+picks, and with few EVs the hash is lumpy (with 4 EVs and 2 spines, 3:1 or
+worse half the time): an even split overloads one link while another idles.
+An EV's own queue is its delay beyond the plane's least-delayed EV (and
+beyond EV_Q_REL of the plane's mean delay, so the sampling spread of a queue
+they all share is no one's own); an EV with one is estimated at what it
+carries, one without probes up, and each EV's share of its plane follows
+its estimate. Where every EV of a plane shares its fate (point-to-point
+planes) no EV has a queue of its own and the split stays even. A fabric
+link whose queue clears sees its EVs probe back up (measured on the
+testbed: tests/integration/test_fabric_mrc.py).
+
 Updates go through instance.slots.set_slots: the idle slot table is written, then
 the peer flips to it, so the datapath never sees a half-written table.
 
@@ -111,6 +124,9 @@ USABLE_TTL_S = 0.1
 BACKLOG_TTL_S = 0.03
 CAP_TTL_S = 0.25        # a plane's local rate (shaper, link speed) is re-read this often
 GAP_MIN_US, GAP_MAX_US = 100, 100_000
+EV_Q_REL = 0.5          # an EV's own queue must exceed this fraction of its plane's mean delay
+EV_PROBE = 0.25         # growth per interval of an EV without a queue: one its link's congestion
+                        # left near the floor is back within ~15 intervals when the link clears
 
 
 @dataclass
@@ -135,6 +151,12 @@ class _PeerState:
     full_at: float = 0.0                 # Controller._quiet: an idle peer's next full step
     look_delay: bytes = b""              # the paths' mrc_path_delay at the last full idle step
     quiet: int = 0
+    # per path, the same law one level down (split_evs): the share of its
+    # plane's weight, its capacity estimate, smoothed sent rate, idle count
+    ev_w: list[float] = field(default_factory=list)
+    ev_c: list[float | None] = field(default_factory=list)
+    ev_d: list[float | None] = field(default_factory=list)
+    ev_idle: list[int] = field(default_factory=list)
 
 
 def quantize(shares: list[float], usable: list[bool], total: int = SCALE) -> list[int]:
@@ -165,7 +187,7 @@ def step_capacity(c: list[float | None], d: list[float], q_us: list[float | None
                   sent: list[int], usable: list[bool], idle: list[int],
                   offered: list[float] | None = None,
                   local: list[bool] | None = None,
-                  cap: list[float | None] | None = None) -> list[float | None]:
+                  cap: list[float | None] | None = None, probe: float = PROBE) -> list[float | None]:
     """One control step (pure, unit-tested): new capacity estimates per
     plane from delivered rates d (bytes/s), queueing delays q (None: no
     fresh sample) and bytes sent on each plane this interval. `idle` counts,
@@ -179,7 +201,8 @@ def step_capacity(c: list[float | None], d: list[float], q_us: list[float | None
     estimate is a rate drop whatever the sender offers (a rate cut makes
     TCP back off at once: waiting for it to offer again cost 100-200 ms).
     `cap` (bytes/s, None: unknown) is what the plane's first hop can carry
-    (its shaper's rate, its link speed): no estimate goes above it."""
+    (its shaper's rate, its link speed): no estimate goes above it. `probe`:
+    the growth per interval of one without a queue."""
     out = list(c)
     offered = offered or d
     local = local or [False] * len(c)
@@ -213,7 +236,7 @@ def step_capacity(c: list[float | None], d: list[float], q_us: list[float | None
                 base = max([x for x in d if x > 0] or [1.0])
             # room left: probe up, once the queue has stayed away for a while
             # (a dip of the sawtooth is not spare capacity)
-            out[i] = base * (1 + PROBE) if idle[i] >= PROBE_AFTER else base
+            out[i] = base * (1 + probe) if idle[i] >= PROBE_AFTER else base
         # sending without a fresh sample: no news, keep the estimate
     # never let the probing run away: past the plane's known rate, or where
     # that is unknown past 4 x the best delivered rate
@@ -224,6 +247,44 @@ def step_capacity(c: list[float | None], d: list[float], q_us: list[float | None
         elif x is not None and top > 0:
             out[i] = min(x, 4 * top)
     return out
+
+
+def own_queues(qp: list[float | None], group: list[int]) -> list[float | None]:
+    """Per EV of one plane: its queueing delay beyond the least-delayed
+    fresh EV of that plane (None without a fresh echo, or where fewer than
+    two EVs have one). Delay every EV of a plane shares (the plane's own
+    shaper, the far host's CPU) is nobody's own; what is left sits on the
+    fabric links the EV's hash crosses."""
+    fresh = [qp[i] for i in group if qp[i] is not None]
+    if len(fresh) < 2:
+        return [None] * len(group)
+    low = min(fresh)
+    # beside a queue the whole plane shares, the EVs' echoes differ by
+    # when each was sampled: only a difference of EV_Q_REL of the plane's
+    # mean delay is a queue of the EV's own
+    floor = EV_Q_REL * sum(fresh) / len(fresh)
+    return [None if qp[i] is None else (qp[i] - low if qp[i] - low > floor else 0.0) for i in group]
+
+
+def split_evs(w: list[float], c: list[float | None], d: list[float], q_own: list[float | None],
+              sent: list[int], usable: list[bool], idle: list[int],
+              min_weight: float) -> tuple[list[float], list[float | None]] | None:
+    """One step of a plane's split over its EVs (pure, unit-tested): the
+    plane law (step_capacity) applied to the EVs, whose capacities are those
+    of the fabric links their hashes cross. `w` are the EVs' shares of the
+    plane (they sum to 1); the usable EVs' part of it is redistributed by
+    capacity shares, half way per step, and retired EVs keep their share
+    for when they come back. None when no EV has a queue of its own:
+    nothing to learn (a plane whose first hop is the bottleneck, or no
+    bottleneck at all), and moving weight would only move traffic."""
+    if not any(x is not None and x > Q_SAT_US for x in q_own):
+        return None
+    c = step_capacity(c, d, q_own, sent, usable, idle, probe=EV_PROBE)
+    target = shares(c, usable, min_weight)
+    mass = sum(x for x, u in zip(w, usable) if u)
+    if not any(target) or mass <= 0:
+        return None
+    return [o + SMOOTH * (t * mass - o) if u else o for o, t, u in zip(w, target, usable)], c
 
 
 def shares(c: list[float | None], usable: list[bool], min_weight: float) -> list[float]:
@@ -267,9 +328,15 @@ class Controller:
             w = [float(sum(max(peer.paths[i].weight, 0) for i in g)) for g in groups]
             tot = sum(w) or 1.0
             n, k = len(peer.paths), len(groups)
+            ev_w = [0.0] * n
+            for g in groups:
+                sub = [max(peer.paths[i].weight, 0) for i in g]
+                for i, x in zip(g, sub):
+                    ev_w[i] = x / sum(sub) if sum(sub) else 1 / len(g)
             st = _PeerState(groups=groups, devices=[devs[i] for i in planes], w=[x / tot for x in w],
                             c=[None] * k, d=[None] * k, idle=[0] * k, min_rtt=[math.inf] * n,
-                            min_prev=[math.inf] * n, window_start=now)
+                            min_prev=[math.inf] * n, window_start=now, ev_w=ev_w, ev_c=[None] * n,
+                            ev_d=[None] * n, ev_idle=[0] * n)
             self.peers[peer.index] = st
         return st
 
@@ -419,6 +486,10 @@ class Controller:
                 if samples[i] != st.last_samples[i] and d.ewma_us:
                     st.min_rtt[i] = min(st.min_rtt[i], d.rtt_us or d.ewma_us)
                     qp[i] = max(0.0, d.ewma_us - min(st.min_rtt[i], st.min_prev[i]))
+            for i in range(n):
+                rate = sent[i] / dt
+                st.ev_d[i] = rate if st.ev_d[i] is None else EWMA * rate + (1 - EWMA) * st.ev_d[i]
+            split = busy and self.cfg.weights.per_ev and self._split(peer.name, st, qp, sent, usable, now)
             # per plane: the paths of a plane share its queue and its rate
             q: list[float | None] = []
             g_sent, g_usable, g_d = [], [], []
@@ -458,6 +529,8 @@ class Controller:
             if not any(x is not None and x > Q_SAT_US for x in q_own):
                 # No plane has a queue of its own: every one has room, there
                 # is nothing to learn, and moving weight would only reorder.
+                if split:
+                    self._apply(peer, st)
                 continue
             st.c = step_capacity(st.c, g_d, q_own, g_sent, g_usable, st.idle, [x / dt for x in g_sent], full,
                                  caps)
@@ -474,6 +547,36 @@ class Controller:
                     "w": [round(x, 4) for x in st.w]}) + "\n")
             self._apply(peer, st)
         return IDLE_STEP_S if len(asleep) == len(self.by_index) else None
+
+    def _split(self, name: str, st: _PeerState, qp: list[float | None], sent: list[int], usable: list[bool],
+               now: float) -> bool:
+        """Each plane's split over its EVs, one step (split_evs); True when
+        any moved. On a routed plane a leaf hashes each EV onto one uplink,
+        and with few EVs the hash is lumpy (3 of 4 on one spine one time in
+        2): an even split overloads that link while the other idles."""
+        moved = False
+        for g in st.groups:
+            if len(g) < 2:
+                continue
+            idle = [st.ev_idle[i] for i in g]
+            q_own = own_queues(qp, g)
+            out = split_evs([st.ev_w[i] for i in g], [st.ev_c[i] for i in g],
+                            [st.ev_d[i] or 0.0 for i in g], q_own, [sent[i] for i in g],
+                            [usable[i] for i in g], idle, self.cfg.weights.min_weight)
+            for k, i in enumerate(g):
+                st.ev_idle[i] = idle[k]
+            if out is None:
+                continue
+            for k, i in enumerate(g):
+                st.ev_w[i], st.ev_c[i] = out[0][k], out[1][k]
+            moved = True
+            if self.trace:
+                self.trace.write(json.dumps({
+                    "t": round(now, 4), "pid": os.getpid(), "peer": name, "paths": g,
+                    "q_own": [None if x is None else round(x) for x in q_own],
+                    "d_mbit": [round((st.ev_d[i] or 0.0) * 8e-6, 1) for i in g],
+                    "ev_w": [round(st.ev_w[i], 4) for i in g]}) + "\n")
+        return moved
 
     @staticmethod
     def _quiet(st: _PeerState, sent_bps: float, now: float, every_s: float) -> bool:
@@ -521,8 +624,9 @@ class Controller:
         return True
 
     def _apply(self, peer: cfgmod.Peer, st: _PeerState) -> None:
-        """Spread each plane's weight over its EVs and rewrite the slot table
-        when the weights moved by WRITE_MIN since the last write."""
+        """Spread each plane's weight over its EVs by their shares (even
+        until split_evs learns otherwise) and rewrite the slot table when
+        the weights moved by WRITE_MIN since the last write."""
         # Each plane's total is quantized first, then split over its EVs: a
         # plane of 1/8 over 4 EVs is 7.5 slots per EV, and rounding EV by EV
         # gave one such plane 8+8+8+7 and its twin 8+7+7+7, 3 % over its
@@ -536,9 +640,9 @@ class Controller:
         planes = quantize(st.w, [x > 0 for x in st.w])
         ints = [0] * len(peer.paths)
         for g, wg in zip(st.groups, planes):
-            each, extra = divmod(wg, len(g))
+            sub = quantize([st.ev_w[i] for i in g], [True] * len(g), wg) if wg else [0] * len(g)
             for k, i in enumerate(g):
-                ints[i] = max(1, each + (k < extra)) if wg else 0
+                ints[i] = max(1, sub[k]) if wg else 0
         if not st.written or sum(abs(a - b) for a, b in zip(ints, st.written)) >= WRITE_MIN:
             set_path_weights(self.dp, peer, {i: w for i, w in enumerate(ints) if w > 0})
             rebuild_slots(self.dp, self.cfg, [peer])

@@ -161,6 +161,7 @@ class Weights:
     interval_ms: float = 10.0
     min_weight: float = 0.02      # floor of a usable path's share, so it keeps being measured
     ecn_hold_us: float = 1000.0   # after a CE echo the slot walk passes the path over this long (bpf/congest.h)
+    per_ev: bool = True           # adaptive mode also splits each plane over its EVs by their own queues
 
 
 @dataclass(frozen=True)
@@ -941,7 +942,7 @@ def _allow_underlay(where: str, value) -> tuple[AclEntry, ...]:
 def _weights(w, typed: bool) -> Weights:
     """`typed`: some plane has a weight in the config (mode then defaults to fixed)."""
     w = _typed("weights", w, dict)
-    _check_keys("weights", w, {"mode", "interval_ms", "min_weight", "ecn_hold_us"})
+    _check_keys("weights", w, {"mode", "interval_ms", "min_weight", "ecn_hold_us", "per_ev"})
     d = Weights()
     mode = _typed("weights.mode", w.get("mode", "fixed" if typed else d.mode), str)
     if mode not in WEIGHT_MODES:
@@ -949,7 +950,8 @@ def _weights(w, typed: bool) -> Weights:
     iv = _float_in("weights.interval_ms", w.get("interval_ms", d.interval_ms), 1, 10000)
     mw = _float_in("weights.min_weight", w.get("min_weight", d.min_weight), 0, 0.5)
     hold = _float_in("weights.ecn_hold_us", w.get("ecn_hold_us", d.ecn_hold_us), 0, 1_000_000)
-    return Weights(mode=mode, interval_ms=iv, min_weight=mw, ecn_hold_us=hold, mode_set="mode" in w)
+    per_ev = _typed("weights.per_ev", w.get("per_ev", d.per_ev), bool)
+    return Weights(mode=mode, interval_ms=iv, min_weight=mw, ecn_hold_us=hold, per_ev=per_ev, mode_set="mode" in w)
 
 
 # The agent's adaptive step reads every peer's counters each interval (about

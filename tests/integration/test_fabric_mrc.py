@@ -160,3 +160,46 @@ def test_traffic_moves_off_the_evs_of_a_marking_link(lab):
     assert plain > 0.6, (plain, marked, spines)   # without avoidance: about their share
     assert avoid < 0.5 * plain, (avoid, plain, marked, spines)
 
+
+
+def _split_plane(lab: Lab, p: int) -> dict[int, int]:
+    """The EVs of host 0's paths on plane p -> the spine leaf 0 sends each
+    through, over both spines: the leaf's hash seed is moved until it is
+    (the kernel seeds it at random, and 4 EVs all take one spine 1 time in 8)."""
+    evs = [x["ev"] for x in lab.paths(0, "h1") if x["plane"] == f"p{p}"]
+    for seed in range(1, 65):
+        spines = lab.tb.ev_spines(p, 0, 1, evs)
+        if len(set(spines.values())) == 2:
+            return spines
+        lab.tb.router_exec(lab.tb.leaf_ns(p, 0), ["sysctl", "-qw", f"net.ipv4.fib_multipath_hash_seed={seed}"])
+    raise AssertionError(f"no seed of 64 split {evs} over both spines")
+
+
+def test_traffic_leaves_the_evs_of_a_slow_link_and_comes_back_when_it_clears(lab):
+    """Per-EV weights (weights.split_evs), nothing configured: a leaf-spine
+    link of plane 0 drops to a tenth of its rate (no ECN, no loss: only its
+    queue says so) and the EVs the leaf hashes across it lose their share of
+    the plane to the EVs across the other spine; when it clears and the other
+    link slows instead, the share moves back. With an even split (what the
+    weights did per plane) every EV of the plane keeps the same share."""
+    spines = _split_plane(lab, 0)
+
+    def shares_after(slow: int, port: int) -> tuple[float, float]:
+        lab.tb.set_link_rate(0, 0, slow, "100mbit", direction="up")
+        lab.tb.set_link_rate(0, 0, 1 - slow, "1gbit", direction="up")
+        s, r = lab.transfer(0, 1, "48M", port=port)
+        assert s["sha256"] == r["sha256"] and r["bytes"] == 48 << 20
+        share = {x["ev"]: x["slot_share"] for x in lab.paths(0, "h1") if x["plane"] == "p0"}
+        mean = lambda vals: sum(vals) / len(vals)   # noqa: E731
+        return (mean([v for ev, v in share.items() if spines[ev] == slow]),
+                mean([v for ev, v in share.items() if spines[ev] != slow]))
+
+    first = next(iter(spines.values()))
+    try:
+        on_slow, on_fast = shares_after(first, 5606)
+        assert on_slow < 0.5 * on_fast, (on_slow, on_fast, spines)
+        now_slow, back = shares_after(1 - first, 5607)
+        assert now_slow < 0.5 * back, (now_slow, back, spines)
+    finally:
+        for spine in (0, 1):
+            lab.tb.set_link_rate(0, 0, spine, "1gbit", direction="up")

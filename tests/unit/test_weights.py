@@ -165,6 +165,9 @@ def test_config_keys():
     assert c.peers[0].flowlet_gap_us == 250 and c.weights.mode == "adaptive"
     assert c.weights.interval_ms == 20
     assert parse().peers[0].flowlet_gap_us == 0
+    assert parse().weights.per_ev and not parse('', '[weights]\nper_ev = false').weights.per_ev
+    with pytest.raises(cfgmod.ConfigError, match="weights.per_ev: must be true or false"):
+        parse('', '[weights]\nper_ev = 1')
     assert cfgmod.parse(BASE.format(peer="", extra="").replace(
         "[overlay]\n", "[overlay]\ngso_max_size = 16384\n")).gso_max_size == 16384
 
@@ -276,3 +279,79 @@ def test_a_task_may_ask_to_wait_longer():
     assert [(t.runs, t.errors) for t in agent.tasks] == [(1, 0), (1, 0), (1, 1)]
     agent.run_due(100.015)                      # only the busy one is due
     assert [t.runs for t in agent.tasks] == [1, 2, 1]
+
+
+def test_an_evs_own_queue_is_delay_beyond_its_planes_least_delayed_ev():
+    # two EVs cross a queueing link (12 ms), two do not: theirs is their own
+    assert W.own_queues([12000.0, 300.0, 11500.0, 200.0], [0, 1, 2, 3]) == [11800.0, 0.0, 11300.0, 0.0]
+    # a queue the whole plane shares (its own shaper): the EVs' echoes differ
+    # by when each was sampled, which is no queue of an EV's own
+    assert W.own_queues([9000.0, 12000.0, 10000.0, 11000.0], [0, 1, 2, 3]) == [0.0] * 4
+    # one fresh echo compares with nothing; stale ones stay None
+    assert W.own_queues([None, 5000.0, None, None], [0, 1, 2, 3]) == [None] * 4
+    assert W.own_queues([None, 9000.0, 100.0], [1, 2]) == [8900.0, 0.0]
+
+
+def _fabric_split(links: list[int], cap: list[float], steps: int, w=None, queue_us=10000.0):
+    """A plane whose EVs cross fabric links of capacities `cap`, EV i over
+    link links[i], carrying one TCP flow: the flow grows until the link with
+    the least room per share fills (it holds queue_us, the others none).
+    split_evs runs once per interval; returns the EVs' shares."""
+    n = len(links)
+    w = w or [1 / n] * n
+    c: list[float | None] = [None] * n
+    idle = [0] * n
+    for _ in range(steps):
+        load = [sum(w[i] for i in range(n) if links[i] == s) for s in range(len(cap))]
+        rate = min(cap[s] / load[s] for s in range(len(cap)) if load[s] > 0)
+        full = {s for s in range(len(cap)) if load[s] > 0 and rate * load[s] >= 0.999 * cap[s]}
+        qp = [queue_us if links[i] in full else 200.0 for i in range(n)]
+        d = [rate * x for x in w]
+        out = W.split_evs(w, c, d, W.own_queues(qp, list(range(n))), [int(x) or 1 for x in d],
+                          [True] * n, idle, 0.02)
+        if out is not None:
+            w, c = out
+    return w
+
+
+def test_a_lumpy_hash_is_evened_out_over_the_links():
+    # 3 of 4 EVs hash onto link 1: evenly sprayed, it carries 3/4 and caps the
+    # plane at 133 % of one link; split by what each link delivers, the lone
+    # EV takes half and the plane gets both links
+    w = _fabric_split([1, 1, 1, 0], [100 * MB, 100 * MB], 150)
+    assert w[3] == pytest.approx(0.5, abs=0.05)
+    assert sum(w[:3]) == pytest.approx(0.5, abs=0.05) and sum(w) == pytest.approx(1.0)
+    # unequal links (a rate drop on one): shares follow them
+    w = _fabric_split([0, 0, 1, 1], [150 * MB, 50 * MB], 150)
+    assert w[2] + w[3] == pytest.approx(0.25, abs=0.08)
+
+
+def test_traffic_comes_back_to_evs_whose_link_cleared():
+    # link 0 was slow (its EVs at 1/8 of the plane); now both are equal
+    w = _fabric_split([0, 0, 1, 1], [100 * MB, 100 * MB], 200, w=[0.0625, 0.0625, 0.4375, 0.4375])
+    assert w[0] + w[1] == pytest.approx(0.5, abs=0.08)
+
+
+def test_evs_sharing_one_queue_keep_their_split():
+    # all four over one link (or the plane's own shaper): nothing to learn
+    assert W.split_evs([0.25] * 4, [None] * 4, [25 * MB] * 4, W.own_queues([10000.0] * 4, [0, 1, 2, 3]),
+                       [1] * 4, [True] * 4, [0] * 4, 0.02) is None
+
+
+def test_a_retired_ev_keeps_its_share_for_when_it_comes_back():
+    w, _ = W.split_evs([0.25] * 4, [None] * 4, [25 * MB, 25 * MB, 25 * MB, 0.0], [12000.0, 0.0, 0.0, None],
+                       [1, 1, 1, 0], [True, True, True, False], [W.PROBE_AFTER] * 4, 0.02)
+    assert w[3] == 0.25 and sum(w) == pytest.approx(1.0)
+    assert w[0] < 0.25 < min(w[1], w[2])
+
+
+def test_slots_split_each_planes_weight_by_its_evs_shares(monkeypatch):
+    ctl, st = _controller(), _state(2)
+    st.groups = [[0, 1, 2, 3], [4, 5, 6, 7]]
+    st.w = [0.5, 0.5]
+    st.ev_w = [0.25] * 4 + [0.5, 1 / 6, 1 / 6, 1 / 6]
+    calls = []
+    monkeypatch.setattr(W, "set_path_weights", lambda dp, peer, ws: calls.append(ws))
+    monkeypatch.setattr(W, "rebuild_slots", lambda dp, cfg, peers: None)
+    ctl._apply(type("Peer", (), {"paths": [None] * 8})(), st)
+    assert calls == [{0: 30, 1: 30, 2: 30, 3: 30, 4: 60, 5: 20, 6: 20, 7: 20}]
