@@ -127,6 +127,11 @@ GAP_MIN_US, GAP_MAX_US = 100, 100_000
 EV_Q_REL = 0.5          # an EV's own queue must exceed this fraction of its plane's mean delay
 EV_PROBE = 0.25         # growth per interval of an EV without a queue: one its link's congestion
                         # left near the floor is back within ~15 intervals when the link clears
+EV_PROBE_AFTER = 1      # ... from the first interval a sibling's queue stands: the EVs of a plane
+                        # share the far host and the plane's own queue, so the comparison is fair
+EV_Q_SAT_US = 1000.0    # an EV's own queue this long says its link is full: TCP sprayed over
+                        # paths of unequal delay backs off on the reordering, and a congested
+                        # link's queue stood at 1.5-2 ms (the sampling spread without one: 0.1-0.4)
 
 
 @dataclass
@@ -187,7 +192,8 @@ def step_capacity(c: list[float | None], d: list[float], q_us: list[float | None
                   sent: list[int], usable: list[bool], idle: list[int],
                   offered: list[float] | None = None,
                   local: list[bool] | None = None,
-                  cap: list[float | None] | None = None, probe: float = PROBE) -> list[float | None]:
+                  cap: list[float | None] | None = None, probe: float = PROBE,
+                  probe_after: int = PROBE_AFTER, q_sat: float = Q_SAT_US) -> list[float | None]:
     """One control step (pure, unit-tested): new capacity estimates per
     plane from delivered rates d (bytes/s), queueing delays q (None: no
     fresh sample) and bytes sent on each plane this interval. `idle` counts,
@@ -202,7 +208,8 @@ def step_capacity(c: list[float | None], d: list[float], q_us: list[float | None
     TCP back off at once: waiting for it to offer again cost 100-200 ms).
     `cap` (bytes/s, None: unknown) is what the plane's first hop can carry
     (its shaper's rate, its link speed): no estimate goes above it. `probe`:
-    the growth per interval of one without a queue."""
+    the growth per interval of one without a queue, after `probe_after`
+    such intervals; `q_sat`: the queue (µs) that says saturated."""
     out = list(c)
     offered = offered or d
     local = local or [False] * len(c)
@@ -210,18 +217,18 @@ def step_capacity(c: list[float | None], d: list[float], q_us: list[float | None
     for i in range(len(c)):
         if not usable[i]:
             continue
-        if local[i] and q_us[i] is not None and q_us[i] > Q_SAT_US and cap[i] is not None:
+        if local[i] and q_us[i] is not None and q_us[i] > q_sat and cap[i] is not None:
             # its own shaper is full, so it delivers exactly its rate (what
             # the interval's byte count says is noise: with the CPU the
             # limit, a sawtooth's worth of it, and it drifted the shares)
             idle[i] = 0
             out[i] = cap[i]
-        elif local[i] and q_us[i] is not None and q_us[i] > Q_SAT_US and c[i] and 0 < d[i] < 0.7 * c[i]:
+        elif local[i] and q_us[i] is not None and q_us[i] > q_sat and c[i] and 0 < d[i] < 0.7 * c[i]:
             idle[i] = 0
             out[i] = d[i]
-        elif q_us[i] is not None and q_us[i] > Q_SAT_US and d[i] > 0 and offered[i] < 0.9 * d[i]:
+        elif q_us[i] is not None and q_us[i] > q_sat and d[i] > 0 and offered[i] < 0.9 * d[i]:
             idle[i] = 0       # draining, not measuring: keep the estimate
-        elif q_us[i] is not None and q_us[i] > Q_SAT_US and d[i] > 0:
+        elif q_us[i] is not None and q_us[i] > q_sat and d[i] > 0:
             # saturated: it delivers what it can; averaged over the
             # saturated intervals (TCP's sawtooth drains a queue now and then)
             idle[i] = 0
@@ -236,7 +243,7 @@ def step_capacity(c: list[float | None], d: list[float], q_us: list[float | None
                 base = max([x for x in d if x > 0] or [1.0])
             # room left: probe up, once the queue has stayed away for a while
             # (a dip of the sawtooth is not spare capacity)
-            out[i] = base * (1 + probe) if idle[i] >= PROBE_AFTER else base
+            out[i] = base * (1 + probe) if idle[i] >= probe_after else base
         # sending without a fresh sample: no news, keep the estimate
     # never let the probing run away: past the plane's known rate, or where
     # that is unknown past 4 x the best delivered rate
@@ -277,9 +284,10 @@ def split_evs(w: list[float], c: list[float | None], d: list[float], q_own: list
     for when they come back. None when no EV has a queue of its own:
     nothing to learn (a plane whose first hop is the bottleneck, or no
     bottleneck at all), and moving weight would only move traffic."""
-    if not any(x is not None and x > Q_SAT_US for x in q_own):
+    if not any(x is not None and x > EV_Q_SAT_US for x in q_own):
         return None
-    c = step_capacity(c, d, q_own, sent, usable, idle, probe=EV_PROBE)
+    c = step_capacity(c, d, q_own, sent, usable, idle, probe=EV_PROBE, probe_after=EV_PROBE_AFTER,
+                      q_sat=EV_Q_SAT_US)
     target = shares(c, usable, min_weight)
     mass = sum(x for x, u in zip(w, usable) if u)
     if not any(target) or mass <= 0:

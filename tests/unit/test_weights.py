@@ -355,3 +355,14 @@ def test_slots_split_each_planes_weight_by_its_evs_shares(monkeypatch):
     monkeypatch.setattr(W, "rebuild_slots", lambda dp, cfg, peers: None)
     ctl._apply(type("Peer", (), {"paths": [None] * 8})(), st)
     assert calls == [{0: 30, 1: 30, 2: 30, 3: 30, 4: 60, 5: 20, 6: 20, 7: 20}]
+
+
+def test_an_ev_counts_as_queued_from_a_millisecond_of_its_own():
+    # TCP over paths of unequal delay backs off on the reordering, so a full
+    # link's queue stands at a few ms at most; the sampling spread is less
+    def split(q):
+        return W.split_evs([0.25] * 4, [None] * 4, [25 * MB] * 4, W.own_queues(q, [0, 1, 2, 3]), [1] * 4,
+                           [True] * 4, [0] * 4, 0.02)
+    assert split([600.0, 200.0, 550.0, 250.0]) is None            # 0.4 ms spread: nobody's own
+    w, _ = split([1400.0, 200.0, 1300.0, 150.0])                  # 1.15-1.25 ms of their own
+    assert w[1] > 0.25 and w[3] > 0.25 and w[0] < 0.25 and w[2] < 0.25
