@@ -2,7 +2,7 @@
 """How many EVs one connection needs on a routed leaf-spine fabric.
 
     sudo python3 scripts/bench_evs.py [--evs 4,8,16] [--trials 3] [--link-rate 500mbit]
-                                      [--prefix be] [--out docs/benchmarks] [--no-write]
+                                      [--ecn-rate 450mbit] [--prefix be] [--out docs/benchmarks] [--no-write]
 
 Two hosts on different leaves of 2 planes x 2 spines (docs/fabric.md); a leaf
 hashes each EV (outer UDP source port) onto one spine. For each EV count, a
@@ -12,7 +12,10 @@ EVs takes toward host 1 (the kernel's answer, Fabric.ev_spines), then
 goodput, and the sender's retransmissions and spurious ones (DSACKed). In the
 first testbed, as many trials of MPTCP (one subflow per plane, each pinned to
 one spine by the same hash) and of plain TCP over plane 0. The leaf-to-leaf
-capacity is planes x spines x the link rate.
+capacity is planes x spines x the link rate. With --ecn-rate, each testbed then
+runs mrc again with every leaf-spine link marking CE on ECN-capable packets
+above that rate (Fabric.link_ecn_mark, a phantom queue; tcp_ecn=1 on the hosts),
+as a fabric's switches mark instead of queueing.
 
 Writes evs.md (the section between its markers) and evs.json into --out.
 """
@@ -108,6 +111,19 @@ def run(a, tmp: Path) -> list[dict]:
                    **summary([transfer(lab, lab.overlay(1), 5950 + t) for t in range(a.trials)])}
             print(json.dumps({x: row[x] for x in ("method", "spines", "gbps", "spurious_pct")}), flush=True)
             rows.append(row)
+            if a.ecn_rate:
+                # what a fabric that marks instead of queueing tells the sender
+                for i in (0, 1):
+                    lab.tb.exec(i, ["sysctl", "-qw", "net.ipv4.tcp_ecn=1"])
+                for p in range(PLANES):
+                    for s in range(SPINES):
+                        for lf in (0, 1):
+                            lab.tb.link_ecn_mark(p, lf, s, direction="both", rate=a.ecn_rate)
+                row = {"method": f"mrc, {evs} EVs per plane, links mark CE above {a.ecn_rate}", "evs": evs,
+                       "spines": row["spines"],
+                       **summary([transfer(lab, lab.overlay(1), 5970 + t) for t in range(a.trials)])}
+                print(json.dumps({x: row[x] for x in ("method", "gbps", "spurious_pct")}), flush=True)
+                rows.append(row)
     return rows
 
 
@@ -137,6 +153,8 @@ def main() -> int:
     ap.add_argument("--evs", default="4,8,16", help="EV counts per plane, one testbed each")
     ap.add_argument("--trials", type=int, default=3)
     ap.add_argument("--link-rate", default="500mbit")
+    ap.add_argument("--ecn-rate", default=None,
+                    help="also run mrc with every fabric link marking CE above this rate (e.g. 450mbit)")
     ap.add_argument("--prefix", default="be")
     ap.add_argument("--out", default=str(REPO / "docs" / "benchmarks"))
     ap.add_argument("--tmp", default="/tmp/bench_evs")
@@ -152,7 +170,8 @@ def main() -> int:
     if not a.no_write:
         cmd = "sudo python3 scripts/bench_evs.py" + "".join(
             f" {flag} {v}" for flag, v, d in (("--evs", a.evs, "4,8,16"), ("--trials", a.trials, 3),
-                                             ("--link-rate", a.link_rate, "500mbit")) if v != d)
+                                             ("--link-rate", a.link_rate, "500mbit"),
+                                             ("--ecn-rate", a.ecn_rate, None)) if v != d)
         write(rows, a, Path(a.out), cmd)
     return 0
 

@@ -56,9 +56,13 @@ picks, and with few EVs the hash is lumpy (with 4 EVs and 2 spines, 3:1 or
 worse half the time): an even split overloads one link while another idles.
 An EV's own queue is its delay beyond the plane's least-delayed EV (and
 beyond EV_Q_REL of the plane's mean delay, so the sampling spread of a queue
-they all share is no one's own); an EV with one is estimated at what it
+they all share is no one's own), or CE marks on its echoes MARK_REL more
+often than a sibling's (with_marks: a fabric that marks is seen long before
+a queue stands, and TCP sprayed over paths of unequal delay backs off on the
+reordering before one does); an EV with one is estimated at what it
 carries, one without probes up, and each EV's share of its plane follows
-its estimate. Where every EV of a plane shares its fate (point-to-point
+its estimate. Between planes, marks count where all of a plane's EVs are
+marked (a bottleneck the whole plane shares, which no split can avoid). Where every EV of a plane shares its fate (point-to-point
 planes) no EV has a queue of its own and the split stays even. A fabric
 link whose queue clears sees its EVs probe back up (measured on the
 testbed: tests/integration/test_fabric_mrc.py).
@@ -129,6 +133,7 @@ EV_PROBE = 0.25         # growth per interval of an EV without a queue: one its 
                         # left near the floor is back within ~15 intervals when the link clears
 EV_PROBE_AFTER = 1      # ... from the first interval a sibling's queue stands: the EVs of a plane
                         # share the far host and the plane's own queue, so the comparison is fair
+MARK_REL = 0.25         # marked this much more often than a sibling: a congested link of its own
 EV_Q_SAT_US = 1000.0    # an EV's own queue this long says its link is full: TCP sprayed over
                         # paths of unequal delay backs off on the reordering, and a congested
                         # link's queue stood at 1.5-2 ms (the sampling spread without one: 0.1-0.4)
@@ -162,6 +167,7 @@ class _PeerState:
     ev_c: list[float | None] = field(default_factory=list)
     ev_d: list[float | None] = field(default_factory=list)
     ev_idle: list[int] = field(default_factory=list)
+    last_ce: tuple | None = None         # per path: (CE-marked echoes, echoes) at the last look
 
 
 def quantize(shares: list[float], usable: list[bool], total: int = SCALE) -> list[int]:
@@ -273,26 +279,48 @@ def own_queues(qp: list[float | None], group: list[int]) -> list[float | None]:
     return [None if qp[i] is None else (qp[i] - low if qp[i] - low > floor else 0.0) for i in group]
 
 
+def with_marks(q_own: list[float | None], marks: list[float | None], q_sat: float) -> list[float | None]:
+    """`marks`: per EV (or plane), the fraction of its echoes since the last
+    step that said CE (None: no echo). One marked MARK_REL more often than
+    its least-marked sibling crosses a queue the fabric flagged: its own,
+    however short its delay (a switch marks from a threshold well under a
+    queue that TCP's reordering response would let stand; bursts get some
+    marks on every link), so it reads as twice `q_sat`."""
+    seen = [m for m in marks if m is not None]
+    if len(seen) < 2:
+        return q_own
+    low = min(seen)
+    return [max(q or 0.0, 2 * q_sat) if m is not None and m - low >= MARK_REL else q
+            for q, m in zip(q_own, marks)]
+
+
+def _least(xs: list[float | None]) -> float | None:
+    seen = [x for x in xs if x is not None]
+    return min(seen) if seen else None
+
+
 def split_evs(w: list[float], c: list[float | None], d: list[float], q_own: list[float | None],
               sent: list[int], usable: list[bool], idle: list[int],
               min_weight: float) -> tuple[list[float], list[float | None]] | None:
     """One step of a plane's split over its EVs (pure, unit-tested): the
     plane law (step_capacity) applied to the EVs, whose capacities are those
     of the fabric links their hashes cross. `w` are the EVs' shares of the
-    plane (they sum to 1); the usable EVs' part of it is redistributed by
-    capacity shares, half way per step, and retired EVs keep their share
-    for when they come back. None when no EV has a queue of its own:
+    plane (they sum to 1); the part of it the usable, estimated EVs hold is
+    redistributed by capacity shares, half way per step; retired EVs keep
+    their share for when they come back. None when no EV has a queue of its own:
     nothing to learn (a plane whose first hop is the bottleneck, or no
     bottleneck at all), and moving weight would only move traffic."""
     if not any(x is not None and x > EV_Q_SAT_US for x in q_own):
         return None
     c = step_capacity(c, d, q_own, sent, usable, idle, probe=EV_PROBE, probe_after=EV_PROBE_AFTER,
                       q_sat=EV_Q_SAT_US)
-    target = shares(c, usable, min_weight)
-    mass = sum(x for x, u in zip(w, usable) if u)
+    # an EV not yet estimated (no fresh echo while a sibling queued) keeps its share too
+    known = [u and x is not None for u, x in zip(usable, c)]
+    target = shares(c, known, min_weight)
+    mass = sum(x for x, k in zip(w, known) if k)
     if not any(target) or mass <= 0:
         return None
-    return [o + SMOOTH * (t * mass - o) if u else o for o, t, u in zip(w, target, usable)], c
+    return [o + SMOOTH * (t * mass - o) if k else o for o, t, k in zip(w, target, known)], c
 
 
 def shares(c: list[float | None], usable: list[bool], min_weight: float) -> list[float]:
@@ -497,7 +525,8 @@ class Controller:
             for i in range(n):
                 rate = sent[i] / dt
                 st.ev_d[i] = rate if st.ev_d[i] is None else EWMA * rate + (1 - EWMA) * st.ev_d[i]
-            split = busy and self.cfg.weights.per_ev and self._split(peer.name, st, qp, sent, usable, now)
+            marks = self._marks(peer, st, samples) if busy else [None] * n
+            split = busy and self.cfg.weights.per_ev and self._split(peer, st, qp, sent, usable, marks, now)
             # per plane: the paths of a plane share its queue and its rate
             q: list[float | None] = []
             g_sent, g_usable, g_d = [], [], []
@@ -534,6 +563,10 @@ class Controller:
                     local = backlog[idx] / g_d[k] * 1e6
                     q_own[k] = local if local > Q_SAT_US or q_own[k] is None else min(q_own[k], local)
                     full[k] = local > Q_SAT_US
+            # a plane all of whose EVs were marked more often than another's
+            # (one with an unmarked EV is the split's to fix, above: counting
+            # its marked EVs against it starved a plane with a healthy EV)
+            q_own = with_marks(q_own, [_least([marks[i] for i in g]) for g in st.groups], Q_SAT_US)
             if not any(x is not None and x > Q_SAT_US for x in q_own):
                 # No plane has a queue of its own: every one has room, there
                 # is nothing to learn, and moving weight would only reorder.
@@ -556,8 +589,23 @@ class Controller:
             self._apply(peer, st)
         return IDLE_STEP_S if len(asleep) == len(self.by_index) else None
 
-    def _split(self, name: str, st: _PeerState, qp: list[float | None], sent: list[int], usable: list[bool],
-               now: float) -> bool:
+    def _marks(self, peer: cfgmod.Peer, st: _PeerState, samples: list[int]) -> list[float | None]:
+        """Per path: the fraction of its echoes (`samples`: the paths' echo
+        counts now) that said CE since the last look (mrc_path_cong,
+        bpf/congest.h); None without an echo. Marks move weight only where
+        the operator left ECN avoidance on (weights.ecn_hold_us > 0)."""
+        n = len(peer.paths)
+        if not self.cfg.weights.ecn_hold_us:
+            return [None] * n
+        ce = [wire.PathCong.unpack(raw).ce_echoes for raw in self.dp.map("mrc_path_cong").lookup_range(
+            self.dp.path_idx(peer.index, 0), n)]
+        (last, seen), st.last_ce = st.last_ce or ([], []), (ce, samples)
+        if len(last) != n:
+            return [None] * n
+        return [min(1.0, (a - b) / (e - f)) if e > f else None for a, b, e, f in zip(ce, last, samples, seen)]
+
+    def _split(self, peer: cfgmod.Peer, st: _PeerState, qp: list[float | None], sent: list[int],
+               usable: list[bool], marks: list[float | None], now: float) -> bool:
         """Each plane's split over its EVs, one step (split_evs); True when
         any moved. On a routed plane a leaf hashes each EV onto one uplink,
         and with few EVs the hash is lumpy (3 of 4 on one spine one time in
@@ -567,7 +615,7 @@ class Controller:
             if len(g) < 2:
                 continue
             idle = [st.ev_idle[i] for i in g]
-            q_own = own_queues(qp, g)
+            q_own = with_marks(own_queues(qp, g), [marks[i] for i in g], EV_Q_SAT_US)
             out = split_evs([st.ev_w[i] for i in g], [st.ev_c[i] for i in g],
                             [st.ev_d[i] or 0.0 for i in g], q_own, [sent[i] for i in g],
                             [usable[i] for i in g], idle, self.cfg.weights.min_weight)
@@ -580,7 +628,7 @@ class Controller:
             moved = True
             if self.trace:
                 self.trace.write(json.dumps({
-                    "t": round(now, 4), "pid": os.getpid(), "peer": name, "paths": g,
+                    "t": round(now, 4), "pid": os.getpid(), "peer": peer.name, "paths": g,
                     "q_own": [None if x is None else round(x) for x in q_own],
                     "d_mbit": [round((st.ev_d[i] or 0.0) * 8e-6, 1) for i in g],
                     "ev_w": [round(st.ev_w[i], 4) for i in g]}) + "\n")

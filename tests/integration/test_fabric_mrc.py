@@ -119,19 +119,23 @@ def test_ce_marked_on_one_link_reaches_the_inner_tcp_and_is_counted_on_its_evs(l
 
 def test_traffic_moves_off_the_evs_of_a_marking_link(lab):
     """A congested (CE-marking) leaf-spine link on plane 0: the sender hears
-    of the marks from the receiver's echoes (MRC_F_ECE) and its spray
-    passes those EVs over, so they carry far less than the others; with
-    weights.ecn_hold_us = 0 in the same run they carry their share."""
+    of the marks from the receiver's echoes (MRC_F_ECE), its spray passes
+    those EVs over and its weights give them less of the plane, so they
+    carry far less than the others; with weights.ecn_hold_us = 0 in the same
+    run they carry their share."""
     paths = lab.paths(0, "h1")
     evs = [x["ev"] for x in paths if x["plane"] == "p0"]
     spines = lab.tb.ev_spines(0, 0, 1, evs)
     spine = max((0, 1), key=lambda s: sum(1 for v in spines.values() if v == s))
     marked = {ev for ev, s in spines.items() if s == spine}
 
+    slots = {}
+
     def per_ev_share(port: int) -> tuple[float, float, int]:
         before = {x["ev"]: x for x in lab.paths(0, "h1")}
         s, r = lab.transfer(0, 1, "24M", port=port)
         assert s["sha256"] == r["sha256"]
+        slots[port] = {x["ev"]: x["slot_share"] for x in lab.paths(0, "h1") if x["plane"] == "p0"}
         sent = {}
         for x in lab.paths(0, "h1"):
             b = before[x["ev"]]
@@ -159,6 +163,11 @@ def test_traffic_moves_off_the_evs_of_a_marking_link(lab):
     assert echoes > 0 and echoes_off > 0          # the receiver told of the marks both times
     assert plain > 0.6, (plain, marked, spines)   # without avoidance: about their share
     assert avoid < 0.5 * plain, (avoid, plain, marked, spines)
+    # and the weights read the marks (weights.with_marks): the marked EVs'
+    # share of the slot table itself fell, not only the walk's passing over
+    hot = [v for ev, v in slots[5604].items() if ev in marked]
+    cold = [v for ev, v in slots[5604].items() if ev not in marked]
+    assert max(hot) < min(cold), (slots[5604], marked)
 
 
 

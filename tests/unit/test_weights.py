@@ -366,3 +366,30 @@ def test_an_ev_counts_as_queued_from_a_millisecond_of_its_own():
     assert split([600.0, 200.0, 550.0, 250.0]) is None            # 0.4 ms spread: nobody's own
     w, _ = split([1400.0, 200.0, 1300.0, 150.0])                  # 1.15-1.25 ms of their own
     assert w[1] > 0.25 and w[3] > 0.25 and w[0] < 0.25 and w[2] < 0.25
+
+
+def test_an_ev_marked_more_often_than_its_siblings_has_a_queue_of_its_own():
+    # a switch marks from a threshold well under what TCP lets stand, and
+    # bursts get a few marks on every link: only a clear excess counts
+    q = [200.0, 300.0, 250.0, None]
+    out = W.with_marks(q, [0.6, 0.1, 0.2, None], W.EV_Q_SAT_US)
+    assert out == [2 * W.EV_Q_SAT_US, 300.0, 250.0, None]
+    assert W.with_marks(q, [0.9, 0.8, 0.85, 0.9], W.EV_Q_SAT_US) == q      # all marked: shared
+    assert W.with_marks(q, [0.6, None, None, None], W.EV_Q_SAT_US) == q    # nothing to compare
+    # then split_evs moves weight off it, as off a delayed one
+    w, _ = W.split_evs([0.25] * 4, [None] * 4, [25 * MB] * 4, W.own_queues(out, [0, 1, 2]) + [None],
+                       [1] * 4, [True] * 4, [0] * 4, 0.02)
+    assert w[0] < 0.25 < w[1]
+
+
+def test_marks_on_every_ev_of_a_plane_read_as_its_queue_in_the_plane_law():
+    # plane 1's EVs all cross one marking link, plane 0's two links mark rarely
+    marks = [0.05, 0.1, 0.0, 0.05, 0.7, 0.6, 0.8, 0.65]
+    planes = [W._least(marks[:4]), W._least(marks[4:])]
+    q = W.with_marks([100.0, 150.0], planes, W.Q_SAT_US)
+    assert q == [100.0, 2 * W.Q_SAT_US]
+    # a plane with one unmarked EV is the split's to fix, not the plane law's
+    marks = [0.9, 0.0, 0.9, 0.9, 0.0, 0.0, 0.0, 0.0]
+    assert W.with_marks([100.0, 150.0], [W._least(marks[:4]), W._least(marks[4:])], W.Q_SAT_US) == [100.0, 150.0]
+    c, _ = run([100 * MB, 100 * MB], [60 * MB, 60 * MB], q, idle=[W.PROBE_AFTER] * 2)
+    assert c[1] == 60 * MB and c[0] > 100 * MB
