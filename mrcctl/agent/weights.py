@@ -129,8 +129,8 @@ BACKLOG_TTL_S = 0.03
 CAP_TTL_S = 0.25        # a plane's local rate (shaper, link speed) is re-read this often
 GAP_MIN_US, GAP_MAX_US = 100, 100_000
 EV_Q_REL = 0.5          # an EV's own queue must exceed this fraction of its plane's mean delay
-EV_PROBE = 0.25         # growth per interval of an EV without a queue: one its link's congestion
-                        # left near the floor is back within ~15 intervals when the link clears
+EV_PROBE = 0.5          # growth per interval of an EV without a queue beside one that has: fast
+                        # enough to leave a congested link within ~0.1 s (docs/fabric.md)
 EV_PROBE_AFTER = 1      # ... from the first interval a sibling's queue stands: the EVs of a plane
                         # share the far host and the plane's own queue, so the comparison is fair
 MARK_REL = 0.25         # marked this much more often than a sibling: a congested link of its own
