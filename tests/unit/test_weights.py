@@ -393,3 +393,20 @@ def test_marks_on_every_ev_of_a_plane_read_as_its_queue_in_the_plane_law():
     assert W.with_marks([100.0, 150.0], [W._least(marks[:4]), W._least(marks[4:])], W.Q_SAT_US) == [100.0, 150.0]
     c, _ = run([100 * MB, 100 * MB], [60 * MB, 60 * MB], q, idle=[W.PROBE_AFTER] * 2)
     assert c[1] == 60 * MB and c[0] > 100 * MB
+
+
+def test_an_evs_own_queue_counts_when_it_stood_at_two_looks_in_a_row():
+    # a busy CPU delays single echoes of random paths; a congested link its
+    # EVs' echoes at every look
+    ctl = _controller()
+    st = _state(1)
+    st.groups, n = [[0, 1, 2, 3]], 4
+    st.ev_w, st.ev_c, st.ev_d, st.ev_idle, st.ev_q = [0.25] * n, [None] * n, [25 * MB] * n, [0] * n, [None] * n
+    peer = type("Peer", (), {"name": "p"})()
+
+    def look(qp):
+        return ctl._split(peer, st, qp, [1] * n, [True] * n, [None] * n, 0.0)
+    assert not look([3000.0, 200.0, 250.0, 300.0])      # first look: nothing to compare with
+    assert not look([200.0, 3000.0, 250.0, 300.0])      # another EV this time: noise
+    assert look([200.0, 3000.0, 250.0, 300.0])          # the same EV again: its own queue
+    assert st.ev_w[1] < 0.25
