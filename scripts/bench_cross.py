@@ -112,6 +112,11 @@ def crossed_share(trace: Path, group: list[int], crossed: list[int], start: floa
     return [round(x, 3) for x in out + [share] * len(marks)]
 
 
+def show(method: str, tr: dict) -> None:
+    """One trial's line on stdout (its clock readings left out)."""
+    print(json.dumps({"method": method, **{k: v for k, v in tr.items() if k not in ("start", "t0")}}), flush=True)
+
+
 def run(a, tmp: Path) -> list[dict]:
     rows = []
     trace = tmp / "weights.jsonl"
@@ -139,14 +144,14 @@ def run(a, tmp: Path) -> list[dict]:
                 tr["crossed_share"] = crossed_share(trace, group, crossed, tr["start"], tr["t0"]) \
                     if tr["t0"] else None
                 trials.append(tr)
-                print(json.dumps({"method": name, **{k: v for k, v in tr.items() if k not in ("start", "t0")}}), flush=True)
+                show(name, tr)
             rows.append({"method": name, "crossed": split, "trials": trials})
         lab.write_config(0, **lab.cfg_kw)
         lab.mrcctl(0, "up")
         mptcp_setup(lab.tb)
         trials = [trial(lab, a, spine, 5860 + t, lab.tb.addr(1, 0, 0), mptcp=True) for t in range(a.trials)]
         for tr in trials:
-            print(json.dumps({"method": "mptcp", **{k: v for k, v in tr.items() if k not in ("start", "t0")}}), flush=True)
+            show("mptcp", tr)
         rows.append({"method": "mptcp, a subflow per plane", "crossed": "-", "trials": trials})
         for i in (0, 1):
             lab.tb.exec(i, ["ip", "mptcp", "endpoint", "flush"], check=False)

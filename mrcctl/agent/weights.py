@@ -62,10 +62,11 @@ a queue stands, and TCP sprayed over paths of unequal delay backs off on the
 reordering before one does); an EV with one is estimated at what it
 carries, one without probes up, and each EV's share of its plane follows
 its estimate. Between planes, marks count where all of a plane's EVs are
-marked (a bottleneck the whole plane shares, which no split can avoid). Where every EV of a plane shares its fate (point-to-point
-planes) no EV has a queue of its own and the split stays even. A fabric
-link whose queue clears sees its EVs probe back up (measured on the
-testbed: tests/integration/test_fabric_mrc.py).
+marked (a bottleneck the whole plane shares, which no split can avoid).
+Where every EV of a plane shares its fate (point-to-point planes) no EV has
+a queue of its own and the split stays even. A fabric link whose queue
+clears sees its EVs probe back up (measured on the testbed:
+tests/integration/test_fabric_mrc.py).
 
 Updates go through instance.slots.set_slots: the idle slot table is written, then
 the peer flips to it, so the datapath never sees a half-written table.
@@ -308,8 +309,8 @@ def split_evs(w: list[float], c: list[float | None], d: list[float], q_own: list
     of the fabric links their hashes cross. `w` are the EVs' shares of the
     plane (they sum to 1); the part of it the usable, estimated EVs hold is
     redistributed by capacity shares, half way per step; retired EVs keep
-    their share for when they come back. None when no EV has a queue of its own:
-    nothing to learn (a plane whose first hop is the bottleneck, or no
+    their share for when they come back. None when no EV has a queue of its
+    own: nothing to learn (a plane whose first hop is the bottleneck, or no
     bottleneck at all), and moving weight would only move traffic."""
     if not any(x is not None and x > EV_Q_SAT_US for x in q_own):
         return None
@@ -617,9 +618,9 @@ class Controller:
                 continue
             idle = [st.ev_idle[i] for i in g]
             # an own queue counts when it stood at two looks in a row: a busy
-            # CPU delays single echoes of random paths by milliseconds (under
-            # an allreduce the split moved 100 times a second, 7-10 % of the
-            # goodput lost), a congested link delays its EVs' echoes at every look
+            # CPU delays single echoes of random paths by milliseconds, a
+            # congested link its EVs' echoes at every look (docs/fabric.md,
+            # "Per-EV weights": chasing the former costs goodput)
             now_q = own_queues(qp, g)
             q_own = [None if a is None else (min(a, b) if b is not None else 0.0)
                      for a, b in zip(now_q, [st.ev_q[i] for i in g])]
