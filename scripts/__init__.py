@@ -34,3 +34,11 @@ def write_section(f: Path, title: str, begin: str, end: str, lines: list[str]) -
         text = text.rstrip("\n") + "\n\n" + body + "\n"
     f.parent.mkdir(parents=True, exist_ok=True)     # a fresh --out DIR
     f.write_text(text)
+
+
+def command(script: str, ap, a, dests: tuple[str, ...]) -> str:
+    """The command line that reproduces a run, for the results doc: the
+    script and those of `dests` (argparse destinations) whose values differ
+    from their defaults, in that order."""
+    return f"sudo python3 scripts/{script}" + "".join(
+        f" --{d.replace('_', '-')} {getattr(a, d)}" for d in dests if getattr(a, d) != ap.get_default(d))

@@ -37,7 +37,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests" / "integration"))
 
 from lab import XFER, Lab  # noqa: E402
-from scripts import preflight, write_section  # noqa: E402
+from scripts import command, preflight, write_section  # noqa: E402
 from scripts.bench_failover import mptcp_setup  # noqa: E402
 from mrcctl.lab.testbed import parse_rate  # noqa: E402
 
@@ -208,11 +208,7 @@ def main() -> int:
     tmp.mkdir(parents=True, exist_ok=True)
     rows = run(a, tmp)
     if not a.no_write:
-        cmd = "sudo python3 scripts/bench_cross.py" + "".join(
-            f" {flag} {v}" for flag, v, d in (("--trials", a.trials, 5), ("--link-rate", a.link_rate, "500mbit"),
-                                             ("--cross-rate", a.cross_rate, "300mbit"), ("--evs", a.evs, 4))
-            if v != d)
-        write(rows, a, Path(a.out), cmd)
+        write(rows, a, Path(a.out), command("bench_cross.py", ap, a, ("trials", "link_rate", "cross_rate", "evs")))
     return 0
 
 

@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests" / "integration"))
 
 from lab import XFER, Lab  # noqa: E402
-from scripts import preflight, write_section  # noqa: E402
+from scripts import command, preflight, write_section  # noqa: E402
 from scripts.bench_failover import mptcp_setup, nstat, retransmissions, wait_established  # noqa: E402
 from mrcctl.lab.testbed import parse_rate  # noqa: E402
 
@@ -168,11 +168,7 @@ def main() -> int:
     tmp.mkdir(parents=True, exist_ok=True)
     rows = run(a, tmp)
     if not a.no_write:
-        cmd = "sudo python3 scripts/bench_evs.py" + "".join(
-            f" {flag} {v}" for flag, v, d in (("--evs", a.evs, "4,8,16"), ("--trials", a.trials, 3),
-                                             ("--link-rate", a.link_rate, "500mbit"),
-                                             ("--ecn-rate", a.ecn_rate, None)) if v != d)
-        write(rows, a, Path(a.out), cmd)
+        write(rows, a, Path(a.out), command("bench_evs.py", ap, a, ("evs", "trials", "link_rate", "ecn_rate")))
     return 0
 
 

@@ -38,3 +38,19 @@ def test_generated_section_goes_into_a_fresh_out_dir(tmp_path):
     f.write_text(f.read_text() + "hand-written\n")
     write_section(f, "Title", "<!-- b -->", "<!-- e -->", ["two"])
     assert f.read_text() == "# Title\n\n<!-- b -->\ntwo\n<!-- e -->\nhand-written\n"
+
+
+def test_a_results_doc_names_the_flags_that_differ_from_their_defaults():
+    """scripts.command: what bench_evs and bench_cross write as their command."""
+    import argparse
+    sys.path.insert(0, str(REPO))
+    from scripts import command
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--evs", default="4,8,16")
+    ap.add_argument("--trials", type=int, default=3)
+    ap.add_argument("--ecn-rate", default=None)
+    assert command("bench_evs.py", ap, ap.parse_args([]), ("evs", "trials", "ecn_rate")) == \
+        "sudo python3 scripts/bench_evs.py"
+    a = ap.parse_args(["--evs", "4,8", "--ecn-rate", "450mbit"])
+    assert command("bench_evs.py", ap, a, ("evs", "trials", "ecn_rate")) == \
+        "sudo python3 scripts/bench_evs.py --evs 4,8 --ecn-rate 450mbit"
