@@ -2,7 +2,7 @@
 """Collective benchmark on a routed leaf-spine fabric: a real MPI_Allreduce.
 
     sudo python3 scripts/bench_fabric.py [--hosts 4] [--link-rate 200mbit] [--mib 8] [--iters 20]
-                                         [--trials 1] [--out docs/benchmarks] [--quick]
+                                         [--trials 1] [--out docs/benchmarks] [--quick] [--yield-when-idle]
 
 One fabric (mrcctl.lab.fabric: P planes, each 2 leaves x S spines, hosts
 split across the leaves, leaf-spine links shaped to --link-rate), mrc up on
@@ -68,7 +68,7 @@ def run_job(lab: Lab, tmp: Path, btl_if: str, a, fail: bool) -> dict:
 
     job = mpi.allreduce(lab.tb, hosts, names(lab, hosts), tmp, btl_if, "mrc0", mib=a.mib, iters=a.iters,
                         warmup=a.warmup, timeout=a.hang_timeout if fail else a.hang_timeout * 2,
-                        on_iter=on_iter)
+                        on_iter=on_iter, yield_idle=a.yield_when_idle)
     if fail:
         lab.tb.link_blackhole(*FAIL_LINK, on=False, direction="both")
     out = mpi.summary(job)
@@ -153,7 +153,7 @@ def write_md(results: dict, a, out: Path, cmd: str) -> None:
              f"{results['machine']}.", "",
              f"{a.hosts} hosts on {a.planes} planes, each plane 2 leaves x {a.spines} spines, leaf-spine links "
              f"{a.link_rate}, {a.evs} EVs per plane for mrc. OpenMPI {results.get('ompi', '?')} TCP transport, "
-             f"one rank per host, MPI_Allreduce of {a.mib:g} MiB per rank, {a.iters} timed iterations after "
+             f"one rank per host{' (yielding the CPU while waiting)' if a.yield_when_idle else ''}, MPI_Allreduce of {a.mib:g} MiB per rank, {a.iters} timed iterations after "
              f"{a.warmup} warm-up; every result checked (sum of the ranks). Bus bandwidth as nccl-tests define "
              f"it: 2 (n-1)/n x buffer / iteration time.", "",
              "## Allreduce", "",
@@ -197,6 +197,8 @@ def main() -> int:
     ap.add_argument("--hang-timeout", type=float, default=60.0)
     ap.add_argument("--a2a-seconds", type=float, default=8.0)
     ap.add_argument("--runs", default="one-plane,multi-rail,mrc")
+    ap.add_argument("--yield-when-idle", action="store_true",
+                    help="ranks waiting for data yield the CPU instead of polling (mrcctl/lab/mpi.py)")
     ap.add_argument("--quick", action="store_true", help="2 MiB, 8 iterations, 4 s all-to-all")
     ap.add_argument("--prefix", default="bfab")
     ap.add_argument("--out", default=str(REPO / "docs" / "benchmarks"))

@@ -13,6 +13,9 @@ answers, as idle or powered-off nodes behind a gateway would). Scenarios:
   peersN/M   the same with [limits] max_peers = M (maps sized for M peers,
              not the default headroom)
 
+--routed puts the absent peers behind a gateway (one per plane, the only
+neighbour they need), as the peers on other leaves of a fabric are.
+
 Measured on h0: `mrcctl up` wall time, kernel map memory (memlock of every
 map the agent holds, from /proc/PID/fdinfo), the agent's CPU (% of one
 core) and RSS idle for --idle seconds and during a 64 MiB transfer to h1,
@@ -57,18 +60,29 @@ from scripts import write_section  # noqa: E402
 
 PLANES = 4
 ABSENT_NET = 210      # absent peers' underlay: 10.(210 + plane).0.0/16
+GATEWAY_HOST = "255.254"   # --routed: their gateway, 10.(210 + plane).255.254
 METRICS_PORT = 9479
 HZ = os.sysconf("SC_CLK_TCK")
 
 
-def absent_peers(lab: Lab, n: int, evs: int) -> str:
+def absent_peers(lab: Lab, n: int, evs: int, routed: bool = False) -> str:
     """TOML for n absent peers of h0, with permanent neighbours so their
     probes have somewhere to go. Their underlay addresses lie in a /16 per
     plane routed on-link on h0 (thousands do not fit the planes' /24s);
-    the neighbours go in with one `ip -batch`."""
+    the neighbours go in with one `ip -batch`. routed: the /16 lies behind
+    a gateway instead (GATEWAY_HOST of the plane's /16, on-link, the only
+    permanent neighbour), as peers on other leaves of a fabric are."""
     out, neigh = [], []
     for p in range(PLANES):
-        lab.tb.exec(0, ["ip", "route", "replace", f"10.{ABSENT_NET + p}.0.0/16", "dev", lab.tb.dev(0, 1, p)])
+        dev, net = lab.tb.dev(0, 1, p), f"10.{ABSENT_NET + p}"
+        if routed:
+            gw = f"{net}.{GATEWAY_HOST}"
+            lab.tb.exec(0, ["ip", "route", "replace", f"{gw}/32", "dev", dev])
+            lab.tb.exec(0, ["ip", "neigh", "replace", gw, "lladdr", f"02:00:00:{p:02x}:ff:fe", "dev", dev,
+                            "nud", "permanent"])
+            lab.tb.exec(0, ["ip", "route", "replace", f"{net}.0.0/16", "via", gw, "dev", dev])
+        else:
+            lab.tb.exec(0, ["ip", "route", "replace", f"{net}.0.0/16", "dev", dev])
     for k in range(n):
         host = 10 + k
         out += ["[[peer]]", f'name = "idle{k}"', f'overlay = "172.31.{1 + host // 250}.{host % 250 + 1}"',
@@ -77,8 +91,9 @@ def absent_peers(lab: Lab, n: int, evs: int) -> str:
             dev = lab.tb.dev(0, 1, p)
             ip = f"10.{ABSENT_NET + p}.{k // 250}.{k % 250 + 1}"
             out.append(f'{dev} = "{ip}"')
-            neigh.append(f"neigh replace {ip} lladdr 02:00:00:{p:02x}:{host >> 8 & 255:02x}:{host & 255:02x} "
-                         f"dev {dev} nud permanent")
+            if not routed:
+                    neigh.append(f"neigh replace {ip} lladdr 02:00:00:{p:02x}:{host >> 8 & 255:02x}:{host & 255:02x} "
+                             f"dev {dev} nud permanent")
         out.append("")
     if neigh:
         lab.tb.exec(0, ["ip", "-batch", "-"], input="\n".join(neigh) + "\n", timeout=300)
@@ -253,7 +268,7 @@ def churn(lab: Lab, peers_dir: Path, n: int, evs: int) -> dict:
             "lost_psns": after["net_lost"] - before["net_lost"]}
 
 
-def scenario(name: str, idle_s: float, prefix: str, n_churn: int = 0) -> dict:
+def scenario(name: str, idle_s: float, prefix: str, n_churn: int = 0, routed: bool = False) -> dict:
     limit = None
     if "/" in name:                     # peersN/M: [limits] max_peers = M
         name, limit = name.split("/")
@@ -272,7 +287,7 @@ def scenario(name: str, idle_s: float, prefix: str, n_churn: int = 0) -> dict:
         lab.up(hosts=[1])
         peers_dir = Path(tmp) / "peers-h0"
         peers_dir.mkdir()
-        cfg = lab.tb.mrc_config(0, evs=evs, extra=extra) + "\n" + absent_peers(lab, n_absent, evs) + \
+        cfg = lab.tb.mrc_config(0, evs=evs, extra=extra) + "\n" + absent_peers(lab, n_absent, evs, routed) + \
             f'\n[peers]\ndir = "{peers_dir}"\n'
         lab.configs[0].write_text(cfg)
         up_s = timed(lambda: lab.mrcctl(0, "up", timeout=300))
@@ -285,7 +300,7 @@ def scenario(name: str, idle_s: float, prefix: str, n_churn: int = 0) -> dict:
                 f"'http://127.0.0.1:{METRICS_PORT}/metrics',timeout=60).read()")
         scrape_s = timed(lambda: lab.tb.exec(0, [sys.executable, "-c", code], timeout=120))
         paths = sum(len(p["paths"]) for p in lab.status(0)["peers"])
-        row = {"scenario": name, "peers": 1 + n_absent, "paths": paths, "up_s": up_s,
+        row = {"scenario": name + (" routed" if routed else ""), "peers": 1 + n_absent, "paths": paths, "up_s": up_s,
                "map_memory_mb": round(map_memory_mb(pid), 2), "idle": idle, "transfer": busy,
                "status_s": status_s, "scrape_s": scrape_s}
         if n_churn and not (limit and 1 + n_absent >= int(limit)):     # a full instance refuses more
@@ -344,10 +359,12 @@ def main() -> None:
     ap.add_argument("--prefix", default="bsc")
     ap.add_argument("--churn", type=int, default=10,
                     help="peers added and removed under a stream to h1 per scenario (0: none)")
+    ap.add_argument("--routed", action="store_true",
+                    help="the absent peers sit behind a gateway (on other leaves of a fabric), not on-link")
     a = ap.parse_args()
     rows = []
     for name in a.scenarios.split(","):
-        r = scenario(name.strip(), a.idle, a.prefix, a.churn)
+        r = scenario(name.strip(), a.idle, a.prefix, a.churn, a.routed)
         print(json.dumps(r), flush=True)
         rows.append(r)
     write(a.out, a.label, rows, "sudo python3 scripts/bench_scale.py " + shlex.join(sys.argv[1:]))

@@ -2,12 +2,14 @@
 
 `up` resolves the peers' underlay MACs once; a peer that re-creates its
 interface (or a routed underlay whose next hop moves) would otherwise keep
-receiving frames for a MAC that no longer exists. After the kernel reports
-a neighbour change (RTNLGRP_NEIGH), every second while a peer is behind a
-gateway and every FULL_S regardless, the agent dumps the neighbour table
-and rewrites only the paths whose MAC differs; a peer behind a gateway
-gets the MAC of the next hop its route names. A
-path whose next hop is unknown gets the zero MAC, which makes mrc_tx use
+receiving frames for a MAC that no longer exists. A peer behind a gateway
+gets the MAC of the next hop its route names. The kernel says when either
+changes (RTNLGRP_NEIGH; RTNLGRP_IPV4_ROUTE, _IPV6_ROUTE and _NEXTHOP): the
+agent then dumps the neighbour table, asks the routes of the peers behind
+gateways again (all on one socket, topology.next_hops) after a route
+event, and rewrites only the paths whose MAC differs; every FULL_S it does
+both regardless. Without the event socket it does both every second. A path
+whose next hop is unknown gets the zero MAC, which makes mrc_tx use
 bpf_redirect_neigh so the kernel resolves it.
 """
 
@@ -15,16 +17,21 @@ from __future__ import annotations
 
 import socket
 import struct
+import time
 
 from ..datapath import abi as wire
 from ..instance import topology
 from . import loop as agentmod
 
 PERIOD_S = 1.0
-FULL_S = 10.0          # a dump at least this often, events or not
-RTMGRP_NEIGH = 0x4
+FULL_S = 10.0          # a dump and every route asked again at least this often, events or not
+EVENT_DELAY_S = 0.02   # a look this long after the kernel's event: the rest of a burst arrives first
+SOL_NETLINK, NETLINK_ADD_MEMBERSHIP = 270, 1
+RTNLGRP_NEIGH, RTNLGRP_IPV4_ROUTE, RTNLGRP_IPV6_ROUTE, RTNLGRP_NEXTHOP = 3, 7, 11, 32
+RTM_NEWNEIGH, RTM_DELNEIGH = 28, 29
 _AT = wire.Path.offsets()
 _IFINDEX = struct.Struct("=I")
+_NLMSGHDR = struct.Struct("=IHHII")
 
 
 @agentmod.subsystem
@@ -34,80 +41,108 @@ def setup(agent: agentmod.Agent) -> None:
 
     remote = {}       # str() of each path's peer address, once
 
-    seen: dict[int, int] = {}       # peer -> a hash of its entries when last checked, if all on-link
-    changed = [True]                # a neighbour event came since the last dump
+    seen: dict[int, int] = {}       # peer -> a hash of its entries when last checked
+    behind: set[int] = set()        # peers with a path behind a gateway, at the last look
+    hops: dict[tuple[int, str], str] = {}   # (ifindex, address) -> next hop, for addresses not neighbours
+    changed = {"neigh": True, "route": True}     # what the kernel said changed since the last look
     end = max((agent.dp.path_idx(p.index, 0) + len(p.paths) for p in agent.cfg.peers), default=0)
     last_table: list = [None]
     # The table is dumped again only when the kernel said a neighbour
-    # changed (RTNLGRP_NEIGH), when a peer is routed (its route may move
-    # without a neighbour event), and every FULL_S: a dump of thousands of
-    # neighbours a second was 3 % of a core at 1,024 peers x 4 planes.
-    events = _neigh_monitor(agent, changed)
+    # changed, and the routes asked again only when it said a route changed
+    # (and both every FULL_S): a dump of thousands of neighbours a second was
+    # 3 % of a core at 1,024 peers x 4 planes, and asking the route of each
+    # of 1,024 peers behind gateways every second took the whole core.
+    task: list = []
+    events = _monitor(agent, changed, task)
     next_full = [0.0]
 
     def refresh(now: float) -> None:
-        if events is not None and not changed[0] and len(seen) == len(agent.cfg.peers) and now < next_full[0]:
+        full = now >= next_full[0]
+        if events is not None and not any(changed.values()) and not full:
             return
-        changed[0] = False
-        next_full[0] = now + FULL_S
+        if events is None or changed["route"] or full:
+            hops.clear()
+            for i in behind:
+                seen.pop(i, None)
+        changed["neigh"] = changed["route"] = False
+        if full:
+            next_full[0] = now + FULL_S
         table = {k: wire.mac_str(v) for k, v in nl.neighbour_table().items()}
-        hops: dict[tuple[str, str], str] = {}
         same_table = table == last_table[0]
         last_table[0] = table
         # every path's entry in one read, its bytes not unpacked: one read
         # per peer was 2 % of a core at 1,024 peers
         vs = paths_m.value_size
         whole = paths_m.read_raw(0, end)
+        later = []      # peers with an address whose next hop is not known yet
         for peer in agent.cfg.peers:
             first = agent.dp.path_idx(peer.index, 0)
             mine = whole[first * vs:(first + len(peer.paths)) * vs]
             token = hash(mine)
-            # neither the neighbours nor the peer's entries changed: nothing
-            # to do for its paths; a peer behind a gateway is looked at every
-            # time (its route may have moved)
+            # neither the neighbours, the routes nor the peer's entries
+            # changed: nothing to do for its paths
             if same_table and seen.get(peer.index) == token:
                 continue
             raws = [mine[i:i + vs] for i in range(0, len(mine), vs)]
-            if _refresh_peer(peer, raws, table, hops):
-                seen.pop(peer.index, None)
+            where = [_where(path, raws, remote) for path in peer.paths]
+            if all(w is None or w in table or w in hops for w in where):
+                apply(peer, token, raws, where, table)
             else:
-                seen[peer.index] = token
+                later.append((peer, token, raws, where))
+        if later:
+            # their next hops, asked at once
+            hops.update(topology.next_hops([w for *_, where in later for w in where
+                                            if w and w not in table and w not in hops]))
+            for item in later:
+                apply(*item, table)
 
-    def _refresh_peer(peer, raws, table, hops) -> bool:
-        """True if a path of the peer is routed (its MAC is a gateway's)."""
+    def apply(peer, token: int, raws: list[bytes], where: list, table: dict) -> None:
+        """Write the MAC each path of the peer should carry where it differs."""
         routed = False
-        for path in peer.paths:
-            if path.id >= len(raws):
+        for path, w in zip(peer.paths, where):
+            if w is None:
                 continue
-            raw = raws[path.id]
-            ifindex = _IFINDEX.unpack_from(raw, _AT["ifindex"])[0]
-            addr = remote.get(path.remote)
-            if addr is None:
-                addr = remote[path.remote] = str(path.remote)
-            new = table.get((ifindex, addr))
+            new = table.get(w)
             if new is None:
-                # routed plane: the gateway's MAC, from the route now in force
                 routed = True
-                hop = (path.plane.device, addr)
-                if hop not in hops:
-                    hops[hop] = nl.next_hop(*hop)
-                new = table.get((ifindex, hops[hop]))
+                new = table.get((w[0], hops.get(w, w[1])))
             mac = wire.mac_bytes(new or "00:00:00:00:00:00")
-            at = _AT["dmac"]
+            raw, at = raws[path.id], _AT["dmac"]
             if raw[at:at + 6] != mac:
                 paths_m.update(agent.dp.path_key(peer.index, path.id), raw[:at] + mac + raw[at + 6:])
-        return routed
+        seen[peer.index] = token
+        if routed:
+            behind.add(peer.index)
+        else:
+            behind.discard(peer.index)
 
-    agent.add_task("neighbours", PERIOD_S, refresh)
+    task.append(agent.add_task("neighbours", PERIOD_S, refresh))
 
 
-def _neigh_monitor(agent: agentmod.Agent, changed: list):
-    """A netlink socket on the neighbour group that sets changed[0] when
-    any neighbour entry changes; None if it cannot be had (then the table
-    is dumped every period, as before)."""
+def _where(path, raws: list[bytes], remote: dict) -> tuple[int, str] | None:
+    """(ifindex, peer address) of a path's entry; None past the entries read."""
+    if path.id >= len(raws):
+        return None
+    addr = remote.get(path.remote)
+    if addr is None:
+        addr = remote[path.remote] = str(path.remote)
+    return _IFINDEX.unpack_from(raws[path.id], _AT["ifindex"])[0], addr
+
+
+def _monitor(agent: agentmod.Agent, changed: dict, task: list):
+    """A netlink socket on the neighbour, route and nexthop groups that
+    marks in `changed` what the kernel said changed and brings the task
+    (task[0]) forward to EVENT_DELAY_S from then; None if it cannot be had
+    (then the table is dumped and the routes asked every period)."""
     try:
         s = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE)
-        s.bind((0, RTMGRP_NEIGH))
+        s.bind((0, 0))
+        s.setsockopt(SOL_NETLINK, NETLINK_ADD_MEMBERSHIP, RTNLGRP_NEIGH)
+        for group in (RTNLGRP_IPV4_ROUTE, RTNLGRP_IPV6_ROUTE, RTNLGRP_NEXTHOP):
+            try:
+                s.setsockopt(SOL_NETLINK, NETLINK_ADD_MEMBERSHIP, group)
+            except OSError:       # a kernel without the group (nexthop objects: 5.3)
+                pass
         s.setblocking(False)
     except OSError:
         return None
@@ -115,13 +150,23 @@ def _neigh_monitor(agent: agentmod.Agent, changed: list):
     def drain() -> None:
         while True:
             try:
-                if not s.recv(65536):
-                    break
+                buf = s.recv(65536)
             except BlockingIOError:
                 break
-            except OSError:       # ENOBUFS: events were lost; the dump catches up
+            except OSError:       # ENOBUFS: events were lost; a look at both catches up
+                changed["neigh"] = changed["route"] = True
                 break
-        changed[0] = True
+            if not buf:
+                break
+            off = 0
+            while off + _NLMSGHDR.size <= len(buf):
+                ln, mtype = _NLMSGHDR.unpack_from(buf, off)[:2]
+                if ln < _NLMSGHDR.size:
+                    break
+                changed["neigh" if mtype in (RTM_NEWNEIGH, RTM_DELNEIGH) else "route"] = True
+                off += (ln + 3) & ~3
+        if task and any(changed.values()):
+            task[0].due = min(task[0].due, time.monotonic() + EVENT_DELAY_S)
 
     agent.add_reader(s.fileno(), drain)
     return s

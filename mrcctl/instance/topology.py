@@ -223,19 +223,16 @@ class Netlink:
 
     # ------------------------------------------------------------ neighbours
     def next_hop(self, device: str, addr) -> str:
-        """Where frames for `addr` out of `device` go first: the route's
-        gateway (a leaf switch on a routed plane), or `addr` itself when it
-        is on-link. Every frame mrc builds (data, hedged copies, probes)
-        carries that hop's MAC."""
-        try:
-            routes = self.ipr.route("get", dst=str(addr), oif=self.index(device))
-        except NetlinkError:
-            return str(addr)
-        for r in routes:
-            gw = r.get_attr("RTA_GATEWAY")
-            if gw:
-                return str(ipaddress.ip_address(gw))
-        return str(addr)
+        """Where frames for `addr` out of `device` go first (next_hops)."""
+        idx = self.index(device)
+        return str(addr) if idx is None else next_hops([(idx, str(addr))])[(idx, str(addr))]
+
+    def _hops(self, wanted: list[tuple[str, object]]) -> dict:
+        """(device, address) -> (the device's ifindex, the next hop), all
+        routes asked at once; a device that is gone: (None, the address)."""
+        idx = {key: self.index(key[0]) for key in wanted}
+        got = next_hops([(i, str(key[1])) for key, i in idx.items() if i is not None])
+        return {key: (i, got[(i, str(key[1]))] if i is not None else str(key[1])) for key, i in idx.items()}
 
     def neighbour_table(self) -> dict[tuple[int, str], bytes]:
         """Every usable neighbour entry: (ifindex, address) -> MAC, one dump.
@@ -278,9 +275,9 @@ class Netlink:
         which makes the kernel run ARP/ND. Returns the hops, for
         resolve_neighbours(); `up` does this before the BPF programs verify,
         and the answers arrive meanwhile."""
-        # one route lookup per (device, address) and one neighbour dump: a
-        # filtered get_neighbours() dumps the whole table each time
-        hops = {key: (self.index(key[0]), self.next_hop(*key)) for key in wanted}
+        # the routes asked all at once and one neighbour dump: a filtered
+        # get_neighbours() dumps the whole table each time
+        hops = self._hops(wanted)
         table = self.neighbour_table()
         for key, hop in hops.items():
             if table.get(hop) is None:
@@ -297,7 +294,7 @@ class Netlink:
         which asked already.
         """
         poked = hops is not None
-        hops = hops if poked else {key: (self.index(key[0]), self.next_hop(*key)) for key in wanted}
+        hops = hops if poked else self._hops(wanted)
 
         def look(keys) -> None:
             table = self.neighbour_table()
@@ -484,6 +481,36 @@ _NDMSG = struct.Struct("=BxxxiHBB")
 
 
 _ADDR_NAMES: dict[bytes, str] = {}     # neighbour_table's address texts
+_RTM_GETROUTE = 26
+_RTMSG = struct.Struct("=BBBBBBBBI")
+_RTA_DST, _RTA_OIF, _RTA_GATEWAY, _RTA_VIA = 1, 4, 5, 18
+
+
+def next_hops(queries: list[tuple[int, str]]) -> dict[tuple[int, str], str]:
+    """Where frames for each (ifindex, address) go first: the gateway of the
+    route the kernel picks out of that device (a leaf switch on a routed
+    plane), or the address itself when it is on-link or has no route. Every
+    frame mrc builds (data, hedged copies, probes) carries that hop's MAC.
+    All lookups on one socket (netdev.rtnl_batch)."""
+    keys = list(dict.fromkeys(queries))
+    bodies = []
+    for oif, addr in keys:
+        ip = ipaddress.ip_address(addr)
+        fam = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
+        bodies.append(_RTMSG.pack(fam, ip.max_prefixlen, 0, 0, 0, 0, 0, 0, 0)
+                      + netdev.nla(_RTA_DST, ip.packed) + netdev.nla(_RTA_OIF, struct.pack("=I", oif)))
+    out = {}
+    for key, ans in zip(keys, netdev.rtnl_batch(_RTM_GETROUTE, bodies)):
+        hop = key[1]
+        if not isinstance(ans, int):
+            buf, off, end = ans
+            a = netdev.attrs(buf, off + _RTMSG.size, end)
+            if _RTA_GATEWAY in a:
+                hop = str(ipaddress.ip_address(a[_RTA_GATEWAY]))
+            elif len(a.get(_RTA_VIA, b"")) in (6, 18):      # struct rtvia: family, then the address
+                hop = str(ipaddress.ip_address(a[_RTA_VIA][2:]))
+        out[key] = hop
+    return out
 
 
 def _neigh_dump(family: int):

@@ -59,7 +59,13 @@ exec ip netns exec "$ns" sh -c "$*"
     return path
 
 
-def mpirun_cmd(launcher: Path, names: list[str], btl_if: str, oob_if: str, script_args: list[str]) -> list[str]:
+def mpirun_cmd(launcher: Path, names: list[str], btl_if: str, oob_if: str, script_args: list[str],
+               yield_idle: bool = False) -> list[str]:
+    """yield_idle: ranks waiting for data give the CPU away (sched_yield)
+    instead of polling flat out. OpenMPI polls unless it knows a node is
+    oversubscribed, and it takes each namespace for a node of its own; on a
+    testbed whose hosts share a few CPUs a polling rank takes CPU the other
+    hosts' kernels need to move its data."""
     return ["mpirun", "--allow-run-as-root", "-np", str(len(names)),
             "--host", ",".join(f"{n}:1" for n in names), "--bind-to", "none",
             "--mca", "plm_rsh_agent", str(launcher), "--mca", "routed", "direct",
@@ -69,12 +75,13 @@ def mpirun_cmd(launcher: Path, names: list[str], btl_if: str, oob_if: str, scrip
             # 30-45 jobs a daemon died there (SIGSEGV in hwloc_shmem_topology_write,
             # next to the stack) before it called back, and mpirun waited forever
             "--mca", "rtc_hwloc_vmhole", "none",
+            *(["--mca", "mpi_yield_when_idle", "1"] if yield_idle else []),
             MPI_PYTHON, str(RANK_SCRIPT), *script_args]
 
 
 def allreduce(tb, hosts: list[int], names: list[str], tmp: Path, btl_if: str, oob_if: str = "mrc0",
               mib: float = 8.0, iters: int = 20, warmup: int = 2, timeout: float = 120.0,
-              on_iter: Callable[[dict], None] | None = None) -> dict:
+              on_iter: Callable[[dict], None] | None = None, yield_idle: bool = False) -> dict:
     """Run an MPI_Allreduce job over `hosts` (namespaces of testbed `tb`,
     known to OpenMPI as `names`, their addresses on `oob_if`). Returns the
     per-iteration records rank 0 printed, `done` (the job ended by itself),
@@ -83,7 +90,7 @@ def allreduce(tb, hosts: list[int], names: list[str], tmp: Path, btl_if: str, oo
     tmp.mkdir(parents=True, exist_ok=True)
     launcher = write_launcher(tmp / "mpi-agent.sh", {n: tb.ns(i) for i, n in zip(hosts, names)})
     cmd = mpirun_cmd(launcher, names, btl_if, oob_if,
-                     ["--mib", str(mib), "--iters", str(iters), "--warmup", str(warmup)])
+                     ["--mib", str(mib), "--iters", str(iters), "--warmup", str(warmup)], yield_idle)
     err_path = tmp / f"mpirun-{btl_if.replace(',', '+')}.err"
     with open(err_path, "w") as err:
         # its own session: a rank stuck on a dead path is ended with the whole group

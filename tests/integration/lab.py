@@ -113,6 +113,10 @@ class Lab:
         """Slots of host i's configured paths without a next-hop MAC yet:
         `up` leaves them to the agent's neighbour task (mrc_tx sends them
         through bpf_redirect_neigh meanwhile, but cannot hedge onto them)."""
+        return [k for k, e in enumerate(self.path_entries(i)) if e.ifindex and e.dmac == "00:00:00:00:00:00"]
+
+    def path_entries(self, i: int) -> list:
+        """Every slot of host i's mrc_paths, unpacked (abi.Path)."""
         from mrcctl.datapath import abi as wire
         from mrcctl.datapath.libbpf import Map
         from mrcctl.instance.state import Instance
@@ -121,8 +125,7 @@ class Lab:
         state = Instance("mrc0", netns=ino).read()
         with Map.from_id(state["map_ids"]["mrc_paths"]) as paths:
             raws = paths.lookup_range(0, paths.max_entries)
-        entries = [wire.Path.unpack(r) for r in raws]
-        return [k for k, e in enumerate(entries) if e.ifindex and e.dmac == "00:00:00:00:00:00"]
+        return [wire.Path.unpack(r) for r in raws]
 
     def events(self, i: int, since: float) -> list[dict]:
         """Host i's EV events (mrcctl events --json) at or after wall time `since`."""

@@ -77,6 +77,45 @@ def test_probes_reach_every_path_through_the_gateway(lab):
     assert all(x["state"] == "GOOD" for i in (0, 1) for x in lab.paths(i))
 
 
+def test_paths_follow_a_route_that_moves_to_another_gateway(lab):
+    """The route toward the peer's plane-0 subnet moves to another gateway
+    on the same link and back: the agent hears it from the kernel (a route
+    event, not its once-a-second look) and every plane-0 path's next-hop MAC
+    follows within half a second; plane 1's stay."""
+    net, gw = "10.100.0.0/16", lab.tb.gateway(0, 0)
+    other, other_mac = gw.rsplit(".", 1)[0] + ".3", "02:00:00:00:aa:03"
+
+    def macs() -> dict[int, set[str]]:
+        out: dict[int, set[str]] = {}
+        for e in lab.path_entries(0):
+            if e.ifindex:
+                out.setdefault(e.plane, set()).add(e.dmac)
+        return out
+
+    def follows(plane: int, mac: str) -> float:
+        t0 = time.monotonic()
+        while macs()[plane] != {mac} and time.monotonic() - t0 < 5:
+            time.sleep(0.02)
+        assert macs()[plane] == {mac}
+        return time.monotonic() - t0
+
+    before = macs()
+    assert len(before[0]) == len(before[1]) == 1 and before[0] != {other_mac}
+    leaf_mac = next(iter(before[0]))
+    lab.tb.exec(0, ["ip", "neigh", "replace", other, "lladdr", other_mac, "dev", "p0", "nud", "permanent"])
+    try:
+        lab.tb.exec(0, ["ip", "route", "replace", net, "via", other, "dev", "p0"])
+        away = follows(0, other_mac)
+        assert macs()[1] == before[1]
+        lab.tb.exec(0, ["ip", "route", "replace", net, "via", gw, "dev", "p0"])
+        back = follows(0, leaf_mac)
+        assert away < 0.5 and back < 0.5, (away, back)
+    finally:
+        lab.tb.exec(0, ["ip", "route", "replace", net, "via", gw, "dev", "p0"], check=False)
+        lab.tb.exec(0, ["ip", "neigh", "del", other, "dev", "p0"], check=False)
+        lab.settle(timeout=10)
+
+
 def test_hedged_copies_cross_the_fabric(lab):
     for i in (0, 1):
         lab.write_config(i, evs=EVS, extra=HEALTH + 'hedge = "always"\n')
