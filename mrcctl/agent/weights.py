@@ -96,6 +96,9 @@ import json
 import logging
 import math
 import os
+import socket
+import struct
+import time
 from dataclasses import dataclass, field
 
 from ..datapath import abi as wire
@@ -106,6 +109,10 @@ from . import loop as agentmod
 
 log = logging.getLogger("mrc.weights")
 _PEER_AT = wire.Peer.offsets()
+_DELAY = struct.Struct(wire.PathDelay.fmt())
+_DELAY_SAMPLES, _DELAY_RTT, _DELAY_EWMA = (
+    [n for n, _f in wire.PathDelay.LAYOUT].index(k) for k in ("samples", "rtt_us", "ewma_us"))
+_CONG_CE = wire.PathCong.offsets()["ce_echoes"]
 
 SCALE = 240             # integer weights sum to this: 1/240 steps; a slot table repeats a
                         # 240-slot round (960 slots), which the agent computes 4x faster than 1000
@@ -353,6 +360,8 @@ class Controller:
         self.psns_t = 0.0
         self.by_index = {p.index: p for p in cfg.peers}
         self.asleep: dict[int, float] = {}  # idle peers (Controller._quiet): index -> next full step
+        self.ifindexes: dict[str, tuple[float, int | None]] = {}   # device -> (when asked, ifindex)
+        self.tx_fds: dict[str, int] = {}    # device -> its tx_bytes file, open
 
     def _state(self, peer: cfgmod.Peer, now: float) -> _PeerState:
         st = self.peers.get(peer.index)
@@ -423,20 +432,31 @@ class Controller:
             return None
         return mbit * 125_000 if mbit > 0 else None
 
-    @staticmethod
-    def _ifindex(dev: str) -> int | None:
-        import socket
-        try:
-            return socket.if_nametoindex(dev)
-        except OSError:
-            return None
+    def _ifindex(self, dev: str) -> int | None:
+        """The device's ifindex, asked again after CAP_TTL_S (a plane
+        device deleted and made again gets a new one)."""
+        now = time.monotonic()
+        hit = self.ifindexes.get(dev)
+        if hit is None or now - hit[0] >= CAP_TTL_S:
+            try:
+                idx = socket.if_nametoindex(dev)
+            except OSError:
+                idx = None
+            hit = self.ifindexes[dev] = (now, idx)
+        return hit[1]
 
-    @staticmethod
-    def _dev_tx(dev: str) -> int | None:
+    def _dev_tx(self, dev: str) -> int | None:
+        """The device's tx_bytes, by pread on a file kept open (sysfs makes
+        the value anew at each read from offset 0): an open and a close per
+        plane each step cost more than the read."""
+        fd = self.tx_fds.get(dev)
         try:
-            with open(f"/sys/class/net/{dev}/statistics/tx_bytes") as f:
-                return int(f.read())
+            if fd is None:
+                fd = self.tx_fds[dev] = os.open(f"/sys/class/net/{dev}/statistics/tx_bytes", os.O_RDONLY)
+            return int(os.pread(fd, 32, 0))
         except (OSError, ValueError):
+            if fd is not None:
+                os.close(self.tx_fds.pop(dev))
             return None
 
     def _usable(self, peer: cfgmod.Peer, now: float) -> list[bool]:
@@ -451,9 +471,13 @@ class Controller:
         return out
 
     def read(self, peer: cfgmod.Peer, now: float = 0.0):
+        """(samples, rtt_us, ewma_us) of each path's mrc_path_delay, which
+        paths are usable, and each path's tx bytes. The fields are sliced out
+        of one batch read, not unpacked into objects: the step runs a hundred
+        times a second per busy peer beside the traffic it steers."""
         stats_m, delay_m = self.dp.map("mrc_path_stats"), self.dp.map("mrc_path_delay")
-        delays = [wire.PathDelay.unpack(raw)
-                  for raw in delay_m.lookup_range(self.dp.path_idx(peer.index, 0), len(peer.paths))]
+        delays = [(t[_DELAY_SAMPLES], t[_DELAY_RTT], t[_DELAY_EWMA]) for t in _DELAY.iter_unpack(
+            delay_m.read_raw(self.dp.path_idx(peer.index, 0), len(peer.paths)))]
         # tx_bytes of each path, summed over CPUs: one batch read of the
         # peer's range (every CPU's struct mrc_path_stats, 8-byte aligned)
         n = len(peer.paths)
@@ -509,7 +533,7 @@ class Controller:
             dev = [txs[d] if d in txs else txs.setdefault(d, self._dev_tx(d)) for d in st.devices]
             delays, usable, tx = self.read(peer, now)
             n = len(peer.paths)
-            samples = [d.samples for d in delays]
+            samples = [d[0] for d in delays]
             if not st.last_tx or now <= st.last_t:
                 st.last_tx, st.last_dev, st.last_samples, st.last_t = tx, dev, samples, now
                 continue
@@ -520,10 +544,10 @@ class Controller:
             busy = sum(sent) / dt >= IDLE_BPS
             # queueing delay per path, from fresh echoes only
             qp: list[float | None] = [None] * n
-            for i, d in enumerate(delays):
-                if samples[i] != st.last_samples[i] and d.ewma_us:
-                    st.min_rtt[i] = min(st.min_rtt[i], d.rtt_us or d.ewma_us)
-                    qp[i] = max(0.0, d.ewma_us - min(st.min_rtt[i], st.min_prev[i]))
+            for i, (n_samples, rtt_us, ewma_us) in enumerate(delays):
+                if n_samples != st.last_samples[i] and ewma_us:
+                    st.min_rtt[i] = min(st.min_rtt[i], rtt_us or ewma_us)
+                    qp[i] = max(0.0, ewma_us - min(st.min_rtt[i], st.min_prev[i]))
             for i in range(n):
                 rate = sent[i] / dt
                 st.ev_d[i] = rate if st.ev_d[i] is None else EWMA * rate + (1 - EWMA) * st.ev_d[i]
@@ -599,8 +623,9 @@ class Controller:
         n = len(peer.paths)
         if not self.cfg.weights.ecn_hold_us:
             return [None] * n
-        ce = [wire.PathCong.unpack(raw).ce_echoes for raw in self.dp.map("mrc_path_cong").lookup_range(
-            self.dp.path_idx(peer.index, 0), n)]
+        cong = self.dp.map("mrc_path_cong")
+        raw = cong.read_raw(self.dp.path_idx(peer.index, 0), n)
+        ce = list(memoryview(raw).cast("Q")[_CONG_CE // 8::cong.value_size // 8])
         (last, seen), st.last_ce = st.last_ce or ([], []), (ce, samples)
         if len(last) != n:
             return [None] * n
