@@ -67,6 +67,10 @@ def test_units_are_sized_for_segments_behind_a_gateway(lab):
 
 
 def test_probes_reach_every_path_through_the_gateway(lab):
+    # a peer in use: GOOD paths of idle peers are not probed (on its own,
+    # without the transfer tests before it, this test would wait for nothing)
+    s, r = lab.transfer(0, 1, "4M", port=5603)
+    assert s["sha256"] == r["sha256"]
     deadline = time.monotonic() + 10
     while True:
         quiet = [(i, x["plane"], x["ev"]) for i in (0, 1) for x in lab.paths(i) if not x["probes_rx"]]
