@@ -36,10 +36,19 @@ _NLMSGHDR = struct.Struct("=IHHII")
 
 @agentmod.subsystem
 def setup(agent: agentmod.Agent) -> None:
-    nl = topology.Netlink()
     paths_m = agent.dp.map("mrc_paths")
 
-    remote = {}       # str() of each path's peer address, once
+    # per peer, its paths by plane: (the plane's path ids, the peer's
+    # address there); every path of a plane goes to the same next hop
+    groups: dict[int, list[tuple[list[int], str]]] = {}
+    for peer in agent.cfg.peers:
+        by_plane: dict[str, tuple[list[int], str]] = {}
+        for path in peer.paths:
+            g = by_plane.get(path.plane.device)
+            if g is None:
+                g = by_plane[path.plane.device] = ([], str(path.remote))
+            g[0].append(path.id)
+        groups[peer.index] = list(by_plane.values())
 
     seen: dict[int, int] = {}       # peer -> a hash of its entries when last checked
     behind: set[int] = set()        # peers with a path behind a gateway, at the last look
@@ -55,6 +64,8 @@ def setup(agent: agentmod.Agent) -> None:
     task: list = []
     events = _monitor(agent, changed, task)
     next_full = [0.0]
+    zero = bytes(6)
+    at = _AT["dmac"]
 
     def refresh(now: float) -> None:
         full = now >= next_full[0]
@@ -67,7 +78,7 @@ def setup(agent: agentmod.Agent) -> None:
         changed["neigh"] = changed["route"] = False
         if full:
             next_full[0] = now + FULL_S
-        table = {k: wire.mac_str(v) for k, v in nl.neighbour_table().items()}
+        table = topology.neighbour_table()
         same_table = table == last_table[0]
         last_table[0] = table
         # every path's entry in one read, its bytes not unpacked: one read
@@ -83,12 +94,13 @@ def setup(agent: agentmod.Agent) -> None:
             # changed: nothing to do for its paths
             if same_table and seen.get(peer.index) == token:
                 continue
-            raws = [mine[i:i + vs] for i in range(0, len(mine), vs)]
-            where = [_where(path, raws, remote) for path in peer.paths]
+            # (ifindex, address) of each plane, the ifindex from its first path's entry
+            where = [(_IFINDEX.unpack_from(mine, ids[0] * vs + _AT["ifindex"])[0], addr)
+                     if (ids[0] + 1) * vs <= len(mine) else None for ids, addr in groups[peer.index]]
             if all(w is None or w in table or w in hops for w in where):
-                apply(peer, token, raws, where, table)
+                apply(peer, token, mine, where, table)
             else:
-                later.append((peer, token, raws, where))
+                later.append((peer, token, mine, where))
         if later:
             # their next hops, asked at once
             hops.update(topology.next_hops([w for *_, where in later for w in where
@@ -96,20 +108,23 @@ def setup(agent: agentmod.Agent) -> None:
             for item in later:
                 apply(*item, table)
 
-    def apply(peer, token: int, raws: list[bytes], where: list, table: dict) -> None:
+    def apply(peer, token: int, mine: bytes, where: list, table: dict) -> None:
         """Write the MAC each path of the peer should carry where it differs."""
+        vs = paths_m.value_size
         routed = False
-        for path, w in zip(peer.paths, where):
+        for (ids, _addr), w in zip(groups[peer.index], where):
             if w is None:
                 continue
-            new = table.get(w)
-            if new is None:
+            mac = table.get(w)
+            if mac is None:
                 routed = True
-                new = table.get((w[0], hops.get(w, w[1])))
-            mac = wire.mac_bytes(new or "00:00:00:00:00:00")
-            raw, at = raws[path.id], _AT["dmac"]
-            if raw[at:at + 6] != mac:
-                paths_m.update(agent.dp.path_key(peer.index, path.id), raw[:at] + mac + raw[at + 6:])
+                mac = table.get((w[0], hops.get(w, w[1])))
+            if mac is None or len(mac) != 6:     # none yet, or not Ethernet's
+                mac = zero
+            for pid in ids:
+                o = pid * vs
+                if o + vs <= len(mine) and mine[o + at:o + at + 6] != mac:
+                    paths_m.update(agent.dp.path_key(peer.index, pid), mine[o:o + at] + mac + mine[o + at + 6:o + vs])
         seen[peer.index] = token
         if routed:
             behind.add(peer.index)
@@ -117,16 +132,6 @@ def setup(agent: agentmod.Agent) -> None:
             behind.discard(peer.index)
 
     task.append(agent.add_task("neighbours", PERIOD_S, refresh))
-
-
-def _where(path, raws: list[bytes], remote: dict) -> tuple[int, str] | None:
-    """(ifindex, peer address) of a path's entry; None past the entries read."""
-    if path.id >= len(raws):
-        return None
-    addr = remote.get(path.remote)
-    if addr is None:
-        addr = remote[path.remote] = str(path.remote)
-    return _IFINDEX.unpack_from(raws[path.id], _AT["ifindex"])[0], addr
 
 
 def _monitor(agent: agentmod.Agent, changed: dict, task: list):

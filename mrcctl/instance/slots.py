@@ -7,7 +7,6 @@ control plane writes the idle one and flips (bpf/mrc.h, mrc_slots).
 from __future__ import annotations
 
 import functools
-import struct
 import types
 from typing import Sequence
 
@@ -172,18 +171,21 @@ def rebuild_slots(dp: Datapath, cfg: cfgmod.Config, peers=None) -> None:
     maps = [dp.map(n) for n in ("mrc_paths", "mrc_admin", "mrc_live")]
     (ents, admins, lives), (pv, av, lv) = ([m.read_raw(first, end - first) for m in maps],
                                            [m.value_size for m in maps])
+    # each field of every path as one strided view (the entries are arrays
+    # of 4-byte-aligned structs: a value size and offsets that are multiples of 4)
+    ent32 = memoryview(ents).cast("I")
+    w_all = ent32[_PATH_AT["weight"] // 4::pv // 4]
+    if_all = ent32[_PATH_AT["ifindex"] // 4::pv // 4]
+    fam_all = ents[_PATH_AT["family"]::pv]
+    adm_all = memoryview(admins).cast("I")[::av // 4]
+    st_all = memoryview(lives).cast("I")[_LIVE_AT["state"] // 4::lv // 4]
+    denied = wire.PathState.DENIED
     for peer in peers:
-        weights, fallback = [], []
         base = dp.path_idx(peer.index, 0) - first
-        for k in range(base, base + len(peer.paths)):
-            at = k * pv
-            weight = _U32.unpack_from(ents, at + _PATH_AT["weight"])[0]
-            admin = _U32.unpack_from(admins, k * av)[0]
-            usable = wire.usable_fields(_U32.unpack_from(ents, at + _PATH_AT["ifindex"])[0],
-                                        ents[at + _PATH_AT["family"]], admin,
-                                        _U32.unpack_from(lives, k * lv + _LIVE_AT["state"])[0])
-            fallback.append(0 if admin == wire.PathState.DENIED else weight)
-            weights.append(weight if usable else 0)
+        span = range(base, base + len(peer.paths))
+        fallback = [0 if adm_all[k] == denied else w_all[k] for k in span]
+        weights = [w_all[k] if wire.usable_fields(if_all[k], fam_all[k], adm_all[k], st_all[k]) else 0
+                   for k in span]
         if sum(weights) == 0:
             weights = fallback
         if sum(weights) == 0:
@@ -191,7 +193,6 @@ def rebuild_slots(dp: Datapath, cfg: cfgmod.Config, peers=None) -> None:
         set_slots(dp, peer, weights, unless_same=True)
 
 
-_U32 = struct.Struct("=I")
 _PATH_AT = wire.Path.offsets()
 _LIVE_AT = wire.PathLive.offsets()
 
