@@ -6,6 +6,7 @@ The snapshot is what `status --json` prints (docs/status.schema.json), what
 
 from __future__ import annotations
 
+import struct
 import time
 
 from ..datapath import abi as wire
@@ -17,9 +18,11 @@ from ..instance.state import Instance
 SCHEMA_VERSION = 1
 
 
-def _state_name(live: wire.PathLive, path: wire.Path) -> str:
-    s = wire.effective_state(path, live)
-    return wire.PathState(s).name if s in wire.PathState._value2member_map_ else "UNKNOWN"
+_STATE_NAMES = {int(s): s.name for s in wire.PathState}
+
+
+def _state_name(state: int) -> str:
+    return _STATE_NAMES.get(state, "UNKNOWN")
 
 
 def _hist(buckets: list[int]) -> dict[str, int]:
@@ -54,13 +57,19 @@ def _with_slot_shares(dp: Datapath, pent: wire.Peer, peer: int, paths: list[dict
     raw = dp.map("mrc_slots").lookup(wire.u32(wire.slots_idx(peer, pent.table)))
     if not raw:
         return paths
-    sl = wire.Slots.unpack(raw)
-    counts: dict[int, int] = {}
-    for s in sl.slot[:sl.n]:
-        counts[s] = counts.get(s, 0) + 1
+    # counted on the table's bytes (a path index per byte), not a list of ints
+    n = min(wire.unpack_u32(raw[:4]), wire.MRC_SLOTS)
+    table = raw[_SLOT_AT:_SLOT_AT + n]
     for p in paths:
-        p["slot_share"] = round(counts.get(p["id"], 0) / sl.n, 4) if sl.n else None
+        p["slot_share"] = round(table.count(p["id"]) / n, 4) if n else None
     return paths
+
+
+_SLOT_AT = wire.Slots.offsets()["slot"]
+_PATH_WEIGHT = wire.Path.offsets()["weight"]
+_U32, _U64 = struct.Struct("=I"), struct.Struct("=Q")
+_CE_AT = wire.PathCong.offsets()["ce_echoes"]
+_MTU = struct.Struct(wire.PathMtu.fmt())
 
 
 def _optional_map(dp: Datapath, name: str):
@@ -73,16 +82,16 @@ def _optional_map(dp: Datapath, name: str):
 
 def _ecn_echoes(raw: bytes | None) -> int:
     """How often the peer echoed CE for this path (bpf/congest.h)."""
-    return wire.PathCong.unpack(raw).ce_echoes if raw else 0
+    return _U64.unpack_from(raw, _CE_AT)[0] if raw else 0
 
 
 def _path_mtu(raw: bytes | None, now_ns: int) -> int | None:
     """The path MTU an ICMP reported (bpf/pmtu.h) while in force."""
     if not raw:
         return None
-    ent = wire.PathMtu.unpack(raw)
-    age_s = (now_ns // 1_000_000_000 - ent.s) % (1 << 32)
-    return ent.mtu if ent.mtu and age_s <= wire.MRC_PMTU_AGE_S else None
+    mtu, _icmps, s = _MTU.unpack_from(raw)
+    age_s = (now_ns // 1_000_000_000 - s) % (1 << 32)
+    return mtu if mtu and age_s <= wire.MRC_PMTU_AGE_S else None
 
 
 def snapshot(cfg: cfgmod.Config, dp: Datapath | None = None, peers: set[str] | None = None) -> dict:
@@ -136,8 +145,10 @@ def _snapshot(cfg: cfgmod.Config, dp: Datapath, only: set[str] | None = None) ->
             st = wire.PathCounters.of([hot[i][c * step:c * step + stats_m.value_size]
                                        for c in range(len(hot[i]) // step)],
                                       cold[i] if i < len(cold) else None)
-            pent_path = wire.Path.unpack(ents[i])
-            pent_path.admin = wire.unpack_u32(admins[i])
+            # the two fields of the path's entry it shows, not the entry
+            # unpacked (its MACs and addresses made into text, per path)
+            weight = _U32.unpack_from(ents[i], _PATH_WEIGHT)[0]
+            admin = wire.unpack_u32(admins[i])
             live = wire.PathLive.unpack(lives[i])
             age_ms = (now_ns - live.last_ack_ns) / 1e6 if live.last_ack_ns else None
             paths.append({
@@ -145,8 +156,8 @@ def _snapshot(cfg: cfgmod.Config, dp: Datapath, only: set[str] | None = None) ->
                 "plane": path.plane.device,
                 "ev": path.ev,
                 "remote": str(path.remote),
-                "state": _state_name(live, pent_path),
-                "weight": pent_path.weight,
+                "state": _state_name(wire.effective_state(admin, live.state)),
+                "weight": weight,
                 "tx_packets": st.tx_packets,
                 "tx_bytes": st.tx_bytes,
                 "tx_steered": st.tx_steered,
