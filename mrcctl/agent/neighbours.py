@@ -31,13 +31,11 @@ EVENT_DELAY_S = 0.02   # a look this long after the kernel's event: the rest of 
 SOL_NETLINK, NETLINK_ADD_MEMBERSHIP = 270, 1
 RTNLGRP_NEIGH, RTNLGRP_IPV4_ROUTE, RTNLGRP_IPV6_ROUTE, RTNLGRP_NEXTHOP = 3, 7, 11, 32
 RTM_NEWROUTE, RTM_DELROUTE, RTM_NEWNEIGH, RTM_DELNEIGH = 24, 25, 28, 29
-RTA_DST = 1
 ALL = "all"            # changed["route"]: every route may have moved (else a list of the networks that did)
 ROUTES_MAX = 64        # more changed networks than this between two looks count as ALL
 _AT = wire.Path.offsets()
 _IFINDEX = struct.Struct("=I")
 _NLMSGHDR = struct.Struct("=IHHII")
-_RTMSG = struct.Struct("=BBBBBBBBI")
 
 
 @agentmod.subsystem
@@ -215,10 +213,10 @@ def _monitor(agent: agentmod.Agent, changed: dict, task: list):
 def _route_dst(buf: bytes, off: int, end: int):
     """The network of a route message (struct rtmsg, then RTA_DST); None for
     a default route or one that cannot be read: every address may use it."""
-    if off + _RTMSG.size > end:
+    if off + topology.RTMSG.size > end:
         return None
-    family, dst_len = _RTMSG.unpack_from(buf, off)[:2]
-    dst = netdev.attrs(buf, off + _RTMSG.size, end).get(RTA_DST)
+    family, dst_len = topology.RTMSG.unpack_from(buf, off)[:2]
+    dst = netdev.attrs(buf, off + topology.RTMSG.size, end).get(topology.RTA_DST)
     if not dst_len or not dst or family not in (socket.AF_INET, socket.AF_INET6):
         return None
     try:

@@ -464,8 +464,8 @@ _NDMSG = struct.Struct("=BxxxiHBB")
 
 _ADDR_NAMES: dict[bytes, str] = {}     # neighbour_table's address texts
 _RTM_GETROUTE = 26
-_RTMSG = struct.Struct("=BBBBBBBBI")
-_RTA_DST, _RTA_OIF, _RTA_GATEWAY, _RTA_VIA = 1, 4, 5, 18
+RTMSG = struct.Struct("=BBBBBBBBI")      # struct rtmsg
+RTA_DST, _RTA_OIF, _RTA_GATEWAY, _RTA_VIA = 1, 4, 5, 18
 
 
 def next_hops(queries: list[tuple[int, str]]) -> dict[tuple[int, str], str]:
@@ -479,14 +479,14 @@ def next_hops(queries: list[tuple[int, str]]) -> dict[tuple[int, str], str]:
     for oif, addr in keys:
         ip = ipaddress.ip_address(addr)
         fam = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
-        bodies.append(_RTMSG.pack(fam, ip.max_prefixlen, 0, 0, 0, 0, 0, 0, 0)
-                      + netdev.nla(_RTA_DST, ip.packed) + netdev.nla(_RTA_OIF, struct.pack("=I", oif)))
+        bodies.append(RTMSG.pack(fam, ip.max_prefixlen, 0, 0, 0, 0, 0, 0, 0)
+                      + netdev.nla(RTA_DST, ip.packed) + netdev.nla(_RTA_OIF, struct.pack("=I", oif)))
     out = {}
     for key, ans in zip(keys, netdev.rtnl_batch(_RTM_GETROUTE, bodies)):
         hop = key[1]
         if not isinstance(ans, int):
             buf, off, end = ans
-            a = netdev.attrs(buf, off + _RTMSG.size, end)
+            a = netdev.attrs(buf, off + RTMSG.size, end)
             if _RTA_GATEWAY in a:
                 hop = str(ipaddress.ip_address(a[_RTA_GATEWAY]))
             elif len(a.get(_RTA_VIA, b"")) in (6, 18):      # struct rtvia: family, then the address

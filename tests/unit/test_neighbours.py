@@ -6,11 +6,12 @@ import struct
 
 from mrcctl.agent import neighbours
 from mrcctl.datapath import netdev
+from mrcctl.instance import topology
 
 
 def rtmsg(family: int, dst_len: int, dst: bytes | None) -> bytes:
     body = struct.pack("=BBBBBBBBI", family, dst_len, 0, 0, 254, 3, 0, 1, 0)
-    return body + (netdev.nla(neighbours.RTA_DST, dst) if dst is not None else b"")
+    return body + (netdev.nla(topology.RTA_DST, dst) if dst is not None else b"")
 
 
 def dst(msg: bytes):
