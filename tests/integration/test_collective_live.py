@@ -35,9 +35,22 @@ def lab(tmp_path_factory):
 
 
 def job(lab: Lab, tmp, iters: int) -> dict:
+    """One job; a job that never began its first iteration is started once
+    more. OpenMPI 4.1.4's launch fails now and then on this testbed before
+    any rank talks (a daemon that dies after daemonizing never calls back:
+    a traced SIGSEGV in hwloc_shmem_topology_write, 4 in 142 fresh labs;
+    mrcctl/lab/mpi.py avoids the known path, and CI still saw one such hang
+    in ~12 suite runs). A hang mrc caused would hang the second job too,
+    and one after the first iteration is never retried."""
     hosts = list(lab.tb.hosts())
-    return mpi.allreduce(lab.tb, hosts, [lab.overlay(i) for i in hosts], tmp, "mrc0", "mrc0",
-                         mib=1, iters=iters, warmup=1, timeout=60)
+    out = {}
+    for attempt in (1, 2):
+        out = mpi.allreduce(lab.tb, hosts, [lab.overlay(i) for i in hosts], tmp / f"try{attempt}", "mrc0",
+                            "mrc0", mib=1, iters=iters, warmup=1, timeout=60)
+        if not (out["hung"] and not out["iters"]):
+            break
+        print(f"job {attempt} never started (launch hang): {_why(out)}")
+    return out
 
 
 def _why(out: dict) -> str:
