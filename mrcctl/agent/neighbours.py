@@ -35,7 +35,6 @@ ALL = "all"            # changed["route"]: every route may have moved (else a li
 ROUTES_MAX = 64        # more changed networks than this between two looks count as ALL
 _AT = wire.Path.offsets()
 _IFINDEX = struct.Struct("=I")
-_NLMSGHDR = struct.Struct("=IHHII")
 
 
 @agentmod.subsystem
@@ -55,8 +54,9 @@ def setup(agent: agentmod.Agent) -> None:
         groups[peer.index] = list(by_plane.values())
 
     seen: dict[int, int] = {}       # peer -> a hash of its entries when last checked
-    behind: set[int] = set()        # peers with a path behind a gateway, at the last look
-    where_of: dict[int, list] = {}  # peer behind a gateway -> (ifindex, address) of each plane
+    # peers with a path behind a gateway at the last look -> (ifindex,
+    # address) of each of their planes
+    behind: dict[int, list] = {}
     hops: dict[tuple[int, str], str] = {}   # (ifindex, address) -> next hop, for addresses not neighbours
     # what the kernel said changed since the last look: the neighbours
     # (bool) and the routes (None, ALL, or the networks whose routes changed)
@@ -79,10 +79,10 @@ def setup(agent: agentmod.Agent) -> None:
         if events is not None and not changed["neigh"] and not changed["route"] and not full:
             return
         route = changed["route"]
-        stale: set[int] | list[int] = []       # peers behind a gateway to look at again
+        stale: list[int] = []       # peers behind a gateway to look at again
         if events is None or full or route == ALL:
             hops.clear()
-            stale = behind
+            stale = list(behind)
         elif route:
             # only the next hops of addresses in a network whose route changed,
             # and only the peers that use them: a host whose pods come and go
@@ -92,7 +92,7 @@ def setup(agent: agentmod.Agent) -> None:
             dead = {k for k in hops if any(_ip(k[1]) in n for n in route)}
             for k in dead:
                 del hops[k]
-            stale = [i for i in behind if any(w in dead for w in where_of.get(i, ()))]
+            stale = [i for i, where in behind.items() if any(w in dead for w in where)]
         for i in stale:
             seen.pop(i, None)
         changed["route"] = None
@@ -150,11 +150,9 @@ def setup(agent: agentmod.Agent) -> None:
                     paths_m.update(agent.dp.path_key(peer.index, pid), mine[o:o + at] + mac + mine[o + at + 6:o + vs])
         seen[peer.index] = token
         if routed:
-            behind.add(peer.index)
-            where_of[peer.index] = where
+            behind[peer.index] = where
         else:
-            behind.discard(peer.index)
-            where_of.pop(peer.index, None)
+            behind.pop(peer.index, None)
 
     task.append(agent.add_task("neighbours", PERIOD_S, refresh))
 
@@ -188,21 +186,15 @@ def _monitor(agent: agentmod.Agent, changed: dict, task: list):
                 break
             if not buf:
                 break
-            off = 0
-            while off + _NLMSGHDR.size <= len(buf):
-                ln, mtype = _NLMSGHDR.unpack_from(buf, off)[:2]
-                if ln < _NLMSGHDR.size:
-                    break
+            for mtype, _seq, start, end in netdev.messages(buf):
                 if mtype in (RTM_NEWNEIGH, RTM_DELNEIGH):
                     changed["neigh"] = True
                 else:       # a route, or a nexthop object (any route may use it)
-                    net = _route_dst(buf, off + _NLMSGHDR.size, off + ln) \
-                        if mtype in (RTM_NEWROUTE, RTM_DELROUTE) else None
+                    net = _route_dst(buf, start, end) if mtype in (RTM_NEWROUTE, RTM_DELROUTE) else None
                     if net is None or changed["route"] == ALL or len(changed["route"] or ()) >= ROUTES_MAX:
                         changed["route"] = ALL
                     else:
                         changed["route"] = (changed["route"] or []) + [net]
-                off += (ln + 3) & ~3
         if task and (changed["neigh"] or changed["route"]):
             task[0].due = min(task[0].due, time.monotonic() + EVENT_DELAY_S)
 

@@ -50,6 +50,18 @@ def attrs(buf: bytes, off: int, end: int) -> dict[int, bytes]:
     return out
 
 
+def messages(buf: bytes):
+    """(type, seq, payload start, end) of each netlink message in a buffer
+    one recv() returned; stops at one whose length cannot be right."""
+    off = 0
+    while off + _HDR.size <= len(buf):
+        ln, mtype, _fl, seq, _pid = _HDR.unpack_from(buf, off)
+        if ln < _HDR.size:
+            return
+        yield mtype, seq, off + _HDR.size, off + ln
+        off += (ln + 3) & ~3
+
+
 def _exchange(s: socket.socket, typ: int, flags: int, body: bytes) -> list[tuple[bytes, int, int]]:
     """Send one netlink request; (buffer, payload start, end) of every
     answer (a dump's parts until NLMSG_DONE); OSError on an error answer."""
@@ -121,19 +133,14 @@ def rtnl_batch(typ: int, bodies: list[bytes]) -> list[tuple[bytes, int, int] | i
                     buf = s.recv(1 << 16)
                 except (socket.timeout, BlockingIOError):
                     break
-                off = 0
-                while off + _HDR.size <= len(buf):
-                    ln, mtype, _fl, seq, _pid = _HDR.unpack_from(buf, off)
-                    if ln < _HDR.size:
-                        break
+                for mtype, seq, start, end in messages(buf):
                     k = seq - 1
                     if at <= k < at + len(chunk) and out[k] == errno.ETIMEDOUT:
                         if mtype == _NLMSG_ERROR:
-                            out[k] = -struct.unpack_from("=i", buf, off + _HDR.size)[0] or errno.EPROTO
+                            out[k] = -struct.unpack_from("=i", buf, start)[0] or errno.EPROTO
                         else:
-                            out[k] = (buf, off + _HDR.size, off + ln)
+                            out[k] = (buf, start, end)
                         pending -= 1
-                    off += (ln + 3) & ~3
     return out
 
 
