@@ -302,3 +302,58 @@ def test_peer_command_needs_a_peers_dir(tmp_path):
     cp = mrcctl("peer", "add", "-c", str(tmp_path / "mrc.toml"), "--name", "h2", "--overlay", "172.31.0.3",
                 "--underlay", "p0=10.200.0.3")
     assert cp.returncode == 2 and "no [peers] dir" in cp.stderr, cp.stderr
+
+
+# ---------------------------------------------------------------- LoadCache
+# The agent's peers watcher loads the config again after every change: with
+# a LoadCache only what changed is parsed, and the result must be what a
+# load without one gives, errors included.
+
+def test_a_cached_load_equals_a_fresh_one_after_every_kind_of_change(site):
+    cache = cfgmod.LoadCache()
+    write(site, "h2.toml", peer_file("172.31.0.3", "10.200.0.3"))
+    write(site, "h3.toml", peer_file("172.31.0.4", "10.200.0.4"))
+    assert cfgmod.load(site / "mrc.toml", cache=cache) == load(site)
+    first = cache.files["h3.toml"][1]
+    steps = [
+        lambda: write(site, "h4.toml", peer_file("172.31.0.5", "10.200.0.5")),      # added
+        lambda: (site / "peers.d" / "h2.toml").unlink(),                            # removed
+        lambda: write(site, "h3.toml", peer_file("172.31.0.4", "10.200.0.14")),     # changed
+        lambda: (site / "mrc.toml").write_text(MAIN.format(inline=INLINE_H1.replace(".0.2", ".0.9"))),
+    ]
+    for n, step in enumerate(steps):
+        step()
+        assert cfgmod.load(site / "mrc.toml", cache=cache) == load(site)
+        # an unchanged file is not parsed again, until the config file changes
+        assert (cache.files["h3.toml"][1] is first) == (n < 2)
+    assert set(cache.files) == {"h3.toml", "h4.toml"}
+
+
+def test_a_cached_peer_that_now_conflicts_is_refused_as_a_fresh_load_refuses_it(site):
+    cache = cfgmod.LoadCache()
+    write(site, "h3.toml", peer_file("172.31.0.4", "10.200.0.4"))
+    cfgmod.load(site / "mrc.toml", cache=cache)
+    # a file sorted before h3's takes its overlay address, then its name,
+    # then its underlay address: h3's unchanged file is the one refused
+    for text in (peer_file("172.31.0.4", "10.200.0.7"), peer_file("172.31.0.7", "10.200.0.7", name="h3"),
+                 peer_file("172.31.0.7", "10.200.0.4")):
+        write(site, "a.toml", text)
+        with pytest.raises(cfgmod.ConfigError) as fresh:
+            load(site)
+        with pytest.raises(cfgmod.ConfigError) as cached:
+            cfgmod.load(site / "mrc.toml", cache=cache)
+        assert str(cached.value) == str(fresh.value)
+        assert cfgmod.load(site / "mrc.toml", strict=False, cache=cache) == \
+            cfgmod.load(site / "mrc.toml", strict=False)
+
+
+def test_an_overlapping_prefix_is_found_among_thousands_of_peers(site):
+    files = {f"n{k:04}.toml": peer_file(f"172.31.{k // 250 + 1}.{k % 250 + 1}", f"10.210.{k // 25}.{k % 25 + 1}",
+                                        extra=f'prefixes = ["10.{k // 250 + 100}.{k % 250}.0/24"]').encode()
+             for k in range(1000)}
+    base = cfgmod.parse(MAIN.format(inline=""), source=str(site / "mrc.toml"))
+    assert len(cfgmod.merge_peer_files(base, str(site / "peers.d"), files).peers) == 1000
+    files["n9999.toml"] = peer_file("172.31.9.9", "10.220.0.1", extra='prefixes = ["10.103.0.0/16"]').encode()
+    with pytest.raises(cfgmod.ConfigError, match=r"peer\[750\]\.prefixes: 10\.103\.0\.0/24 overlaps "
+                                                 r"10\.103\.0\.0/16 of peer 'n9999'$"):
+        cfgmod.merge_peer_files(base, str(site / "peers.d"), files)

@@ -38,6 +38,7 @@ from ..datapath import abi as wire, auth, maps as dpmaps
 from ..datapath.libbpf import RingBuffer
 from ..datapath.netdev import NETDEV_XDP_ACT_NDO_XMIT, send_frames, xdp_features
 from ..errors import MrcError
+from ..instance import config as cfgmod
 from ..instance.events import EventLog, event_record, events_path
 from ..instance.slots import rebuild_slots
 from ..instance.topology import poke
@@ -257,9 +258,7 @@ class Prober:
         # (plane, peer address) of tracked paths never probed for want of a
         # next-hop MAC -> when to ask the kernel to resolve it again
         self.unresolved: dict[tuple[str, str], int] = {}
-        # 1 + the highest per-path map index of a configured path: how far
-        # a read of every path's entry must reach
-        self.paths_end = max((agent.dp.path_idx(p.index, 0) + len(p.paths) for p in self.cfg.peers), default=0)
+        self.paths_end = agent.paths_end()
         self.socks: dict[str, socket.socket] = {}
         self.down: set[str] = set()
         self.sent = 0
@@ -291,7 +290,7 @@ class Prober:
         self._keys = keys = self._auth_keys()
         self._gen_planes()
         for idx in list(self.by_peer):
-            peer = self.cfg.peers[idx]
+            peer = self._peers[idx]
             token, ents, pkeys = self.agent.entries_of(peer)
             akey = keys.get(idx)
             if self._seen.get(idx) == (token, akey):
@@ -299,8 +298,34 @@ class Prober:
             self._seen[idx] = (token, akey)
             out: list[ProbePath] = []
             self._refresh_peer(peer, ents, pkeys, akey, {p.path: p for p in self.by_peer[idx]}, out)
+            if len(out) > len(self.by_peer[idx]):
+                # paths that had no MAC have one now: an idle peer's dead
+                # ones are probed from the next look, not the next rescan
+                # (the look that found them dead had nothing to probe, so
+                # the peer left the idle peers with dead paths)
+                self.rescan = True
             self.by_peer[idx] = out
         self.resolve()
+
+    def peers_changed(self, cfg: cfgmod.Config, touched: set[int]) -> None:
+        """The records of the peers removed or added go; an added peer is
+        tracked once in use, as at the start."""
+        for i in touched:
+            old = self._peers.get(i)
+            for rec in (self.by_peer, self._seen, self.activity, self._busy, self._idle_bad):
+                rec.pop(i, None)
+            if old is not None and self.unresolved:
+                for path in old.paths:
+                    self.unresolved.pop((path.plane.device, str(path.remote)), None)
+        self.cfg = cfg
+        self._peers = {peer.index: peer for peer in cfg.peers}
+        for i in self._peers.keys() - self.activity.keys():
+            self.activity[i] = PeerActivity()
+        if self._psns is not None:
+            self._psns = dpmaps.resized(self._psns, cfg.index_span, touched)
+        self.paths_end = self.agent.paths_end()
+        self._auth_raw = None       # an added peer's key
+        self.rescan = True
 
     def resolve(self) -> None:
         """Ask the kernel for the next hop of every tracked path that has
@@ -695,6 +720,17 @@ class Health:
         agent.add_task("probe-frames", 1.0, self.prober.refresh)
         agent.add_task("slots", 1.0, self._slots)
         agent.add_task("health-report", 1.0, self._report)
+        agent.on_peers(self._peers_changed)
+
+    def _peers_changed(self, cfg: cfgmod.Config, touched: set[int]) -> None:
+        self.cfg = cfg
+        self.prober.peers_changed(cfg, touched)
+        self.peer_by_index = {p.index: p for p in cfg.peers}
+        # the slot tables of added peers are add_peer's; a look at mrc_admin
+        # (now longer or shorter) finds them changed anyway
+        for i in touched:
+            self._changed(i)
+        self.admin_at = 0.0
 
     def _probe(self, now: float) -> None:
         silent = self.prober.tick(now)
@@ -783,9 +819,11 @@ class Health:
         admin = admin_m.read_raw(0, self.prober.paths_end)
         if admin != self.admin_seen:
             old, self.admin_seen = self.admin_seen, admin
-            if old is None or len(old) != len(admin):
+            if old is None:
                 self._changed()
             else:
+                # (after a change of peers the reads differ in length: the
+                # slices of the peers beyond the shorter one differ)
                 vs = admin_m.value_size
                 for peer in self.cfg.peers:
                     at = self.dp.path_idx(peer.index, 0) * vs

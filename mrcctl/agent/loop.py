@@ -11,7 +11,12 @@ most once per period (or once per the seconds it returns, when it returns
 a number: a task with nothing to watch waits longer) and its exceptions are
 logged, never fatal. Readers
 that want to sleep on a file descriptor (ring buffer, netlink) register with
-`Agent.add_reader(fd, fn)`.
+`Agent.add_reader(fd, fn)`. A subsystem that keeps anything per peer
+registers `Agent.on_peers(fn)`: when the peers change while the agent runs
+(agent/members.py), fn(cfg, touched) is called with the new config and the
+indices of the peers removed or added (a peer whose definition changed is
+both): what it kept for those starts afresh, what it kept for the others
+stays.
 """
 
 from __future__ import annotations
@@ -62,6 +67,9 @@ class Agent:
         self.inst = Instance(cfg.overlay_device)
         self.dp = Datapath(self.inst)
         self.tasks: list[Task] = []
+        self._peer_hooks: list[Callable[[cfgmod.Config, set[int]], None]] = []
+        # what loading the config parsed, for the peers watcher's next load (agent/members.py)
+        self.load_cache = cfgmod.LoadCache()
         self._entries: dict[int, tuple] = {}     # entries_of's cache, per peer: (token, entries, keys)
         self.sel = selectors.DefaultSelector()
         self.stopping = False
@@ -78,8 +86,28 @@ class Agent:
         self.tasks.append(t)
         return t
 
+    def remove_task(self, t: Task) -> None:
+        self.tasks.remove(t)
+
     def add_reader(self, fd: int, fn: Callable[[], None]) -> None:
         self.sel.register(fd, selectors.EVENT_READ, fn)
+
+    def on_peers(self, fn: Callable[[cfgmod.Config, set[int]], None]) -> None:
+        self._peer_hooks.append(fn)
+
+    def set_peers(self, cfg: cfgmod.Config, touched: set[int]) -> None:
+        """Work from `cfg`'s peers from now on (module docstring); the
+        caller has applied them to the datapath."""
+        self.cfg = cfg
+        for i in touched:
+            self._entries.pop(i, None)
+        for fn in self._peer_hooks:
+            fn(cfg, touched)
+
+    def paths_end(self) -> int:
+        """1 + the highest mrc_paths index of a configured path: how far a
+        read of every path's entry must reach."""
+        return max((self.dp.path_idx(p.index, 0) + len(p.paths) for p in self.cfg.peers), default=0)
 
     def path_entries(self):
         """(peer, path, key, mrc_paths entry) of every configured path the
@@ -131,7 +159,7 @@ class Agent:
 
     def run_due(self, now: float) -> None:
         """Run the tasks due at `now`; set when each is due next."""
-        for t in self.tasks:
+        for t in list(self.tasks):      # a task may add or remove tasks (agent/members.py)
             if now >= t.due:
                 t0 = time.monotonic()
                 wait = None
@@ -188,11 +216,14 @@ SUBSYSTEM_MODULES: list[str] = ["neighbours", "metrics", "health", "weights", "m
 _SUBSYSTEMS: list[Callable[[Agent], None]] = []
 
 
-def build(cfg: cfgmod.Config) -> Agent:
-    """An agent with every subsystem registered."""
+def build(cfg: cfgmod.Config, cache: cfgmod.LoadCache | None = None) -> Agent:
+    """An agent with every subsystem registered. `cache`: what loading
+    `cfg` parsed, for the peers watcher's next load."""
     for name in SUBSYSTEM_MODULES:
         importlib.import_module(f"{__package__}.{name}")
     agent = Agent(cfg)
+    if cache is not None:
+        agent.load_cache = cache
     try:
         for setup in _SUBSYSTEMS:
             setup(agent)

@@ -8,9 +8,15 @@ removed a peer removed, an edited one re-added. The agent is the applier
 while it runs because it owns mrc_paths and the slot tables (bpf/mrc.h);
 `mrcctl peer add/remove` write the file and wait for the record to show it.
 
-After a change the agent starts itself again (exec, same pid) so that every
-subsystem works from the new peer list; the datapath forwards throughout,
-and the other peers' maps are not touched. A file that does not validate
+After a change every subsystem follows the new peer list in place
+(Agent.set_peers): what it kept for the peers removed or added starts
+afresh, what it kept for the others (probe records, learned weights, next
+hops) stays, and the agent never stops probing or judging. Should a
+subsystem fail to follow, the agent starts itself again on the new list
+(exec, same pid), as a start would. The datapath forwards throughout,
+and the other peers' maps are not touched. The files are read again after
+every change, but only those whose bytes changed are parsed again
+(config.LoadCache). A file that does not validate
 is logged and recorded (`peer list` shows it); nothing of it is applied.
 """
 
@@ -83,6 +89,7 @@ class Watcher:
         self.fd = _inotify(self.dir)
         self.sig = _signature(self.dir)
         self.warned = ""
+        self.cache = agent.load_cache
         if self.fd is not None:
             agent.add_reader(self.fd, self._on_event)
         else:
@@ -120,7 +127,7 @@ class Watcher:
         if cfgmod.digest_on_disk(agent.cfg) == agent.cfg.digest == rec.get("digest"):
             return
         try:
-            new = members.bind(cfgmod.load(agent.cfg.source))
+            new = cfgmod.load(agent.cfg.source, cache=self.cache)
         except cfgmod.ConfigError as e:
             msg = str(e)
             log.error("peers not applied: %s", msg)
@@ -141,12 +148,20 @@ class Watcher:
             if members.record_of(agent.inst.read())["peers"].keys() != before:
                 self.restart()
             return
-        if not change and [p.index for p in new.peers] == [p.index for p in agent.cfg.peers] \
-                and {p.name for p in new.peers} == {p.name for p in agent.cfg.peers}:
+        new = change.cfg or members.bind(new)
+        touched = _touched(agent.cfg, new, change)
+        if not change and not touched and {p.name for p in new.peers} == {p.name for p in agent.cfg.peers}:
+            agent.cfg = dataclasses.replace(agent.cfg, digest=new.digest, file_digest=new.file_digest)
             return
-        log.info("peers: %s in %.1f ms; restarting the agent on the new peer list", change.describe(),
-                 took * 1000)
-        self.restart()
+        t0 = time.monotonic()
+        try:
+            agent.set_peers(new, touched)
+        except Exception:
+            log.exception("peers: %s in %.1f ms; the agent could not follow them in place: "
+                          "starting it again on them", change.describe(), took * 1000)
+            self.restart()
+        log.info("peers: %s in %.1f ms; the agent follows them in %.1f ms", change.describe(), took * 1000,
+                 (time.monotonic() - t0) * 1000)
 
     def restart(self) -> None:
         for h in logging.getLogger().handlers:
@@ -155,6 +170,21 @@ class Watcher:
         agent.sel.close()
         agent.dp.close()
         os.execv(sys.executable, sys.orig_argv)
+
+
+def _touched(old: cfgmod.Config, new: cfgmod.Config, change: members.Change) -> set[int]:
+    """Indices whose peer is not the same before and after: removed,
+    added, or (should the record and the agent disagree) moved."""
+    out = {i for _ov, i, _n in change.removed} | {p.index for p in change.added}
+    before = {p.overlay: p.index for p in old.peers}
+    after = {p.overlay: p.index for p in new.peers}
+    for ov, i in before.items():
+        if after.get(ov) != i:
+            out.add(i)
+    for ov, i in after.items():
+        if before.get(ov) != i:
+            out.add(i)
+    return out
 
 
 def _with_running_settings(running: cfgmod.Config, new: cfgmod.Config) -> cfgmod.Config:

@@ -43,16 +43,7 @@ def setup(agent: agentmod.Agent) -> None:
 
     # per peer, its paths by plane: (the plane's path ids, the peer's
     # address there); every path of a plane goes to the same next hop
-    groups: dict[int, list[tuple[list[int], str]]] = {}
-    for peer in agent.cfg.peers:
-        by_plane: dict[str, tuple[list[int], str]] = {}
-        for path in peer.paths:
-            g = by_plane.get(path.plane.device)
-            if g is None:
-                g = by_plane[path.plane.device] = ([], str(path.remote))
-            g[0].append(path.id)
-        groups[peer.index] = list(by_plane.values())
-
+    groups = {peer.index: _groups(peer) for peer in agent.cfg.peers}
     seen: dict[int, int] = {}       # peer -> a hash of its entries when last checked
     # peers with a path behind a gateway at the last look -> (ifindex,
     # address) of each of their planes
@@ -61,7 +52,7 @@ def setup(agent: agentmod.Agent) -> None:
     # what the kernel said changed since the last look: the neighbours
     # (bool) and the routes (None, ALL, or the networks whose routes changed)
     changed: dict = {"neigh": True, "route": ALL}
-    end = max((agent.dp.path_idx(p.index, 0) + len(p.paths) for p in agent.cfg.peers), default=0)
+    end = [agent.paths_end()]
     last_table: list = [None]
     # The table is dumped again only when the kernel said a neighbour
     # changed, and the routes asked again only when it said a route changed
@@ -107,7 +98,7 @@ def setup(agent: agentmod.Agent) -> None:
         # every path's entry in one read, its bytes not unpacked: one read
         # per peer was 2 % of a core at 1,024 peers
         vs = paths_m.value_size
-        whole = paths_m.read_raw(0, end)
+        whole = paths_m.read_raw(0, end[0])
         later = []      # peers with an address whose next hop is not known yet
         for peer in agent.cfg.peers:
             first = agent.dp.path_idx(peer.index, 0)
@@ -154,7 +145,33 @@ def setup(agent: agentmod.Agent) -> None:
         else:
             behind.pop(peer.index, None)
 
+    def peers_changed(cfg, touched: set[int]) -> None:
+        """A peer added here got its MACs from `add_peer`; it is looked at
+        again by the next refresh, brought forward to now (its gateway may
+        be one no other peer used)."""
+        for i in touched:
+            groups.pop(i, None)
+            seen.pop(i, None)
+            behind.pop(i, None)
+        for peer in cfg.peers:
+            if peer.index in touched:
+                groups[peer.index] = _groups(peer)
+        end[0] = agent.paths_end()
+        changed["neigh"] = True
+        task[0].due = 0.0
+
     task.append(agent.add_task("neighbours", PERIOD_S, refresh))
+    agent.on_peers(peers_changed)
+
+
+def _groups(peer) -> list[tuple[list[int], str]]:
+    by_plane: dict[str, tuple[list[int], str]] = {}
+    for path in peer.paths:
+        g = by_plane.get(path.plane.device)
+        if g is None:
+            g = by_plane[path.plane.device] = ([], str(path.remote))
+        g[0].append(path.id)
+    return list(by_plane.values())
 
 
 def _monitor(agent: agentmod.Agent, changed: dict, task: list):

@@ -781,11 +781,45 @@ class Controller:
             peers_m.update(wire.u32(peer.index), ent.pack())
             self.gaps[peer.index] = gap
 
+    def peers_changed(self, cfg: cfgmod.Config, touched: set[int]) -> None:
+        """What was learned of the peers removed or added goes; the others
+        keep theirs."""
+        self.cfg = cfg
+        self.by_index = {p.index: p for p in cfg.peers}
+        for i in touched:
+            for rec in (self.peers, self.usable, self.gaps, self.asleep):
+                rec.pop(i, None)
+        if self.psns:
+            self.psns = dpmaps.resized(self.psns, cfg.index_span, touched)
+
+
+class _Tasks:
+    """The controller's tasks, which follow the peers: the adaptive mode is
+    the default only up to ADAPTIVE_DEFAULT_MAX_PEERS peers, and only peers
+    without a configured flowlet gap need the gap step."""
+
+    def __init__(self, agent: agentmod.Agent, ctl: Controller):
+        self.agent, self.ctl = agent, ctl
+        self.weights: agentmod.Task | None = None
+        self.gap: agentmod.Task | None = None
+        self.peers_changed(agent.cfg, set())
+        agent.on_peers(self.peers_changed)
+
+    def peers_changed(self, cfg: cfgmod.Config, touched: set[int]) -> None:
+        self.ctl.peers_changed(cfg, touched)
+        adaptive = cfgmod.weights_mode(cfg) == "adaptive"
+        if adaptive and self.weights is None:
+            self.weights = self.agent.add_task("weights", cfg.weights.interval_ms / 1000.0, self.ctl.step)
+        elif not adaptive and self.weights is not None:
+            # as a start with these peers would: the weights stay as last written
+            self.agent.remove_task(self.weights)
+            self.weights = None
+            self.ctl.peers.clear()
+            self.ctl.asleep.clear()
+        if self.gap is None and any(not p.flowlet_gap_us for p in cfg.peers):
+            self.gap = self.agent.add_task("flowlet-gap", GAP_PERIOD_S, self.ctl.gap_step)
+
 
 @agentmod.subsystem
 def _setup(agent: agentmod.Agent) -> None:
-    ctl = Controller(agent.cfg, agent.dp, os.environ.get("MRC_WEIGHTS_TRACE"))
-    if cfgmod.weights_mode(agent.cfg) == "adaptive":
-        agent.add_task("weights", agent.cfg.weights.interval_ms / 1000.0, ctl.step)
-    if any(not p.flowlet_gap_us for p in agent.cfg.peers):
-        agent.add_task("flowlet-gap", GAP_PERIOD_S, ctl.gap_step)
+    _Tasks(agent, Controller(agent.cfg, agent.dp, os.environ.get("MRC_WEIGHTS_TRACE")))

@@ -27,13 +27,14 @@ def need_privileges(bpf: bool = True, net: bool = True) -> None:
         raise MrcError(f"missing capability {', '.join(lacking)} (run as root)")
 
 
-def load_config(path: str, peer_files: dict | None = None, strict: bool = False) -> cfgmod.Config:
+def load_config(path: str, peer_files: dict | None = None, strict: bool = False,
+                cache: cfgmod.LoadCache | None = None) -> cfgmod.Config:
     """The config with its peers dir, its peers at the indices the running
     instance gave them (instance/members.py). Not strict: a peer file that
     does not validate is left out (cfg.peer_errors), so that one bad file
     stops no command but `up`."""
     from ..instance import members
     try:
-        return members.bind(cfgmod.load(path, peer_files, strict=strict))
+        return members.bind(cfgmod.load(path, peer_files, strict=strict, cache=cache))
     except cfgmod.ConfigError as e:
         raise InputError(f"{path}: {e}") from None

@@ -36,13 +36,15 @@ def agent(config_path, duration, verbose):
     supervisors that want to own the process.
     """
     import logging
-    cfg = load_config(config_path)
+    from ..instance import config as cfgmod
+    cache = cfgmod.LoadCache()      # the peers watcher's first change parses only what changed
+    cfg = load_config(config_path, cache=cache)
     need_privileges()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if verbose:   # ours only: pyroute2's debug output drowns everything
         logging.getLogger("mrc").setLevel(logging.DEBUG)
     from ..agent import loop
-    loop.build(cfg).run(duration)
+    loop.build(cfg, cache).run(duration)
 
 
 @click.command()

@@ -58,6 +58,7 @@ BPF_OBJ_NAME_LEN = 16
 
 
 BPF_F_TEST_XDP_LIVE_FRAMES = 1 << 1
+ENOTSUPP = 524      # the kernel's own "operation not supported" (not in errno)
 
 
 class LibbpfError(OSError):
@@ -645,12 +646,42 @@ class Map(_Fd):
                 return out
 
     def items(self) -> list[tuple[bytes, bytes]]:
+        """Every (key, value), by BPF_MAP_LOOKUP_BATCH (a few system calls
+        for the whole map: one get-next-key and one lookup per entry were
+        50,000 calls, 0.2 s, to remove one of 4,096 peers); one entry at a
+        time where the map type has no batch lookup."""
+        if not self.percpu:
+            got = self._items_batch()
+            if got is not None:
+                return got
         out = []
         for k in self.keys():
             v = self.lookup(k)
             if v is not None:
                 out.append((k, v))
         return out
+
+    def _items_batch(self) -> list[tuple[bytes, bytes]] | None:
+        ks, vs, cap = self.key_size, self.value_size, max(1, self.max_entries)
+        # the resume token: a key for most maps, a bucket number for hashes
+        tok_in, tok_out = ctypes.create_string_buffer(max(ks, 8)), ctypes.create_string_buffer(max(ks, 8))
+        keys, vals = ctypes.create_string_buffer(ks * cap), ctypes.create_string_buffer(vs * cap)
+        out: list[tuple[bytes, bytes]] = []
+        first = True
+        while True:
+            n = _c_u32(cap)
+            ret = _bpf_map_lookup_batch(self.fd, None if first else tok_in, tok_out, keys, vals,
+                                        ctypes.byref(n), None)
+            if ret < 0 and ret != -_errno.ENOENT:
+                if first and ret in (-_errno.EINVAL, -_errno.EOPNOTSUPP, -ENOTSUPP):
+                    return None
+                _check(f"bpf_map_lookup_batch({self.name})", ret)
+            rk, rv = ctypes.string_at(keys, n.value * ks), ctypes.string_at(vals, n.value * vs)
+            out += [(rk[i * ks:(i + 1) * ks], rv[i * vs:(i + 1) * vs]) for i in range(n.value)]
+            if ret == -_errno.ENOENT or n.value == 0:
+                return out
+            ctypes.memmove(tok_in, tok_out, len(tok_out))
+            first = False
 
     def __repr__(self) -> str:
         return (f"Map({self.name!r}, type={self.map_type}, key={self.key_size}, "

@@ -24,6 +24,18 @@ def changed(new: list[int], old: list[int] | None) -> list[int]:
     return [i for i, (a, b) in enumerate(zip(new, old)) if a != b]
 
 
+def resized(old: list[int], n: int, fresh) -> list[int]:
+    """A reading of a per-peer field carried over a change of peers: `n`
+    long, 0 at the indices in `fresh` (peers removed or added, whose state
+    the applier cleared) and beyond the old reading, so that the next
+    reading differs only where a peer's field moved, not everywhere."""
+    out = (old + [0] * n)[:n] if len(old) != n else list(old)
+    for i in fresh:
+        if i < n:
+            out[i] = 0
+    return out
+
+
 class Record(Protocol):
     """What Datapath needs of an instance's state record (instance.state.Instance):
     taking it as a parameter keeps this layer free of the instance layer."""

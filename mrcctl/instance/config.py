@@ -423,8 +423,21 @@ def _table_array(doc: dict, key: str, most: int) -> list:
 
 # ---------------------------------------------------------------- the loader
 
+class LoadCache:
+    """What load() parsed the last time, for a caller that loads the same
+    file again after each change of its peers (the agent's peers watcher):
+    the config file's own parse while its bytes stay the same, and each peer
+    file's peer while its bytes and the config file's stay the same. A
+    cached peer is checked against the others again (names, addresses); one
+    that conflicts is parsed again, which says how."""
+
+    def __init__(self):
+        self.main: tuple[bytes, Config] | None = None
+        self.files: dict[str, tuple[bytes, "Peer | None"]] = {}
+
+
 def load(path: str | pathlib.Path, peer_files: dict[str, bytes | None] | None = None,
-         strict: bool = True) -> Config:
+         strict: bool = True, cache: LoadCache | None = None) -> Config:
     """The config file with the peers of its [peers] dir. `peer_files`
     (file name -> contents, None: absent) overrides what the directory holds,
     so that a change can be validated before it is written. strict=False
@@ -437,7 +450,14 @@ def load(path: str | pathlib.Path, peer_files: dict[str, bytes | None] | None = 
         raise ConfigError("no such file") from None
     except OSError as e:
         raise ConfigError(f"cannot read: {e.strerror}") from None
-    cfg = with_peers_dir(parse(raw, source=str(path.resolve())), peer_files, strict)
+    source = str(path.resolve())
+    if cache is not None and cache.main is not None and cache.main[0] == raw and cache.main[1].source == source:
+        base = cache.main[1]
+    else:
+        base = parse(raw, source=source)
+        if cache is not None:
+            cache.main, cache.files = (raw, base), {}
+    cfg = with_peers_dir(base, peer_files, strict, cache)
     if cfg.auth:
         # A new key in the same file is a change `up` must apply: fold the
         # key files' contents (hashed; unreadable ones are preflight's to
@@ -610,7 +630,7 @@ def peers_dir_path(cfg: Config) -> pathlib.Path | None:
 
 
 def with_peers_dir(cfg: Config, peer_files: dict[str, bytes | None] | None = None,
-                   strict: bool = True) -> Config:
+                   strict: bool = True, cache: LoadCache | None = None) -> Config:
     """A parsed config with the peers of its [peers] dir (if any)."""
     d = peers_dir_path(cfg)
     if d is None:
@@ -621,7 +641,7 @@ def with_peers_dir(cfg: Config, peer_files: dict[str, bytes | None] | None = Non
             files.pop(name, None)
         else:
             files[name] = content
-    return merge_peer_files(cfg, str(d), files, strict)
+    return merge_peer_files(cfg, str(d), files, strict, cache)
 
 
 def read_peers_dir(d: pathlib.Path) -> dict[str, bytes]:
@@ -649,7 +669,8 @@ def read_peers_dir(d: pathlib.Path) -> dict[str, bytes]:
     return out
 
 
-def merge_peer_files(cfg: Config, d: str, files: dict[str, bytes], strict: bool = True) -> Config:
+def merge_peer_files(cfg: Config, d: str, files: dict[str, bytes], strict: bool = True,
+                     cache: LoadCache | None = None) -> Config:
     """`cfg` with the peers of `files` (name -> contents) after its inline
     ones, in file name order: one TOML table per file, the keys of a [[peer]]
     table; `name` defaults to the file name without .toml. A file with this
@@ -660,10 +681,12 @@ def merge_peer_files(cfg: Config, d: str, files: dict[str, bytes], strict: bool 
     peers = list(cfg.peers)
     seen = _Seen.of(peers)
     errors = []
+    parsed = cache.files if cache is not None else None
+    kept: dict[str, tuple[bytes, Peer | None]] = {}
     for fname in sorted(files):
         raw = files[fname]
         try:
-            peer = _peer_file(cfg, pathlib.Path(d) / fname, raw, peers, seen)
+            peer = _peer_file(cfg, pathlib.Path(d) / fname, raw, peers, seen, parsed, kept)
         except ConfigError as e:
             if strict:
                 raise
@@ -671,6 +694,8 @@ def merge_peer_files(cfg: Config, d: str, files: dict[str, bytes], strict: bool 
             continue
         if peer is not None:
             peers.append(peer)
+    if cache is not None:
+        cache.files = kept
     # prefixes across files: one sweep over everything (a file at a time
     # would be quadratic in the peers)
     try:
@@ -683,8 +708,36 @@ def merge_peer_files(cfg: Config, d: str, files: dict[str, bytes], strict: bool 
                                peer_errors=tuple(errors))
 
 
-def _peer_file(cfg: Config, path: pathlib.Path, raw: bytes, peers: list[Peer], seen: "_Seen") -> Peer | None:
-    """One peer file after `peers`; None: it is this host's own."""
+def _peer_file(cfg: Config, path: pathlib.Path, raw: bytes, peers: list[Peer], seen: "_Seen",
+               parsed: dict | None = None, kept: dict | None = None) -> Peer | None:
+    """One peer file after `peers`; None: it is this host's own. `parsed`:
+    file name -> (contents, peer) of an earlier load with the same config
+    file (LoadCache); `kept` gets this one's."""
+    where = str(path)
+    hit = parsed.get(path.name) if parsed else None
+    if hit is not None and hit[0] == raw and (hit[1] is None or not seen.conflicts(hit[1])):
+        peer = hit[1]
+        if peer is not None:
+            _room_for_one_more(cfg, peers, where)
+            if peer.index != len(peers):
+                peer = dataclasses.replace(peer, index=len(peers))
+            seen.add(peer)
+        kept[path.name] = hit
+        return peer
+    peer = _parse_peer_file(cfg, path, raw, peers, seen)
+    if kept is not None:
+        kept[path.name] = (raw, peer)
+    return peer
+
+
+def _room_for_one_more(cfg: Config, peers: list[Peer], where: str) -> None:
+    limit = cfg.max_peers or wire.MRC_PEERS_LIMIT
+    if len(peers) >= limit:
+        raise ConfigError(f"{where}: more than {limit} peers, at most {limit} are supported"
+                          + (" (limits.max_peers)" if cfg.max_peers else ""))
+
+
+def _parse_peer_file(cfg: Config, path: pathlib.Path, raw: bytes, peers: list[Peer], seen: "_Seen") -> Peer | None:
     where = str(path)
     try:
         doc = tomllib.loads(raw.decode())
@@ -699,10 +752,7 @@ def _peer_file(cfg: Config, path: pathlib.Path, raw: bytes, peers: list[Peer], s
         # this host's own file: every node may mount the same directory
         # (one Kubernetes ConfigMap for the cluster, deploy/kubernetes)
         return None
-    limit = cfg.max_peers or wire.MRC_PEERS_LIMIT
-    if len(peers) >= limit:
-        raise ConfigError(f"{where}: more than {limit} peers, at most {limit} are supported"
-                          + (" (limits.max_peers)" if cfg.max_peers else ""))
+    _room_for_one_more(cfg, peers, where)
     _dir_duplicates(cfg, peers, seen, doc, where)
     peer = _peer(len(peers), doc, list(cfg.planes), cfg.overlay_addresses, seen, where=f"{where}: peer")
     peer = dataclasses.replace(peer, source=where)
@@ -824,11 +874,19 @@ class _Seen:
     def of(cls, peers) -> "_Seen":
         seen = cls()
         for p in peers:
-            seen.names.add(p.name)
-            seen.overlays.update(p.overlays)
-            for dev, addr in p.underlay.items():
-                seen.underlay[(dev, addr)] = p.name
+            seen.add(p)
         return seen
+
+    def add(self, p: "Peer") -> None:
+        self.names.add(p.name)
+        self.overlays.update(p.overlays)
+        for dev, addr in p.underlay.items():
+            self.underlay[(dev, addr)] = p.name
+
+    def conflicts(self, p: "Peer") -> bool:
+        """Whether `p` takes a name or address one of the peers so far has."""
+        return p.name in self.names or any(a in self.overlays for a in p.overlays) or \
+            any((dev, addr) in self.underlay for dev, addr in p.underlay.items())
 
 
 def _maybe_ip(s: str):
@@ -1118,20 +1176,36 @@ def _owner_conflicts(ov_addrs, ov_prefixes, peers: list[Peer]) -> None:
     if len(local) > wire.MRC_OVL_PER_PEER:
         raise ConfigError(f"overlay.prefixes: {len(local)} addresses and prefixes, at most "
                           f"{wire.MRC_OVL_PER_PEER}")
-    entries = [("this host (overlay.address / overlay.prefixes)", where, net) for where, net in local]
+    # (version, first address, prefix length, last address, owner peer
+    # (None: this host), where, net or address): compared as integers
+    # (ipaddress objects for thousands of peers at every change of the
+    # peers dir were most of a reload), named only for the error
+    entries = [(n.version, int(n.network_address), n.prefixlen, int(n.broadcast_address), None, where, n)
+               for where, n in local]
     for p in peers:
-        entries += [(f"peer '{p.name}'", f"peer[{p.index}].overlay", ipaddress.ip_network(a)) for a in p.overlays]
-        entries += [(f"peer '{p.name}'", f"peer[{p.index}].prefixes", n) for n in p.prefixes]
-    for version in (4, 6):
-        nets = sorted((e for e in entries if e[2].version == version),
-                      key=lambda e: (int(e[2].network_address), e[2].prefixlen))
-        stack: list = []        # the nets enclosing the current one, outermost first
-        for owner, where, net in nets:
-            while stack and not net.subnet_of(stack[-1][2]):
-                stack.pop()
-            if stack and stack[-1][0] != owner:
-                raise ConfigError(f"{where}: {net} overlaps {stack[-1][2]} of {stack[-1][0]}")
-            stack.append((owner, where, net))
+        for a in p.overlays:
+            entries.append((a.version, int(a), a.max_prefixlen, int(a), p, "overlay", a))
+        for n in p.prefixes:
+            entries.append((n.version, int(n.network_address), n.prefixlen, int(n.broadcast_address), p,
+                            "prefixes", n))
+    entries.sort(key=lambda e: e[:3])
+    stack: list = []        # the nets enclosing the current one, outermost first
+    for e in entries:
+        while stack and not (stack[-1][0] == e[0] and e[3] <= stack[-1][3]):
+            stack.pop()
+        if stack and stack[-1][4] is not e[4]:
+            top = stack[-1]
+            raise ConfigError(f"{_owned_where(e)}: {ipaddress.ip_network(e[6])} overlaps "
+                              f"{ipaddress.ip_network(top[6])} of {_owner_name(top)}")
+        stack.append(e)
+
+
+def _owner_name(e) -> str:
+    return "this host (overlay.address / overlay.prefixes)" if e[4] is None else f"peer '{e[4].name}'"
+
+
+def _owned_where(e) -> str:
+    return e[5] if e[4] is None else f"peer[{e[4].index}].{e[5]}"
 
 
 def _peer_conflicts(peers: list[Peer], udp_port: int, seen: "_Seen", where: str | None = None) -> None:
@@ -1144,10 +1218,7 @@ def _peer_conflicts(peers: list[Peer], udp_port: int, seen: "_Seen", where: str 
         if old is not None:
             raise ConfigError(f"{where}.underlay.{dev}: {addr} is already peer '{old}''s "
                               f"address on plane '{dev}'")
-    for dev, addr in new.underlay.items():
-        seen.underlay[(dev, addr)] = new.name
-    seen.names.add(new.name)
-    seen.overlays.update(new.overlays)
+    seen.add(new)
     # Probe replies travel from the MRC port to an EV: an EV equal to the
     # MRC port would make replies indistinguishable from data.
     last = new.ev_base + len(new.paths) - 1

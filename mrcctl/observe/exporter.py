@@ -59,6 +59,12 @@ class SnapshotCollector:
         # the HTTP server is threaded; map handles and the event tail are not
         self._lock = threading.Lock()
 
+    def set_config(self, cfg: cfgmod.Config) -> None:
+        """Scrapes from now on describe `cfg`'s peers (the agent's peers
+        changed while it runs)."""
+        with self._lock:
+            self.cfg = self.source.cfg = cfg
+
     def describe(self):
         return []      # no registration-time scrape (the instance may not be up yet)
 
@@ -244,12 +250,13 @@ def parse_listen(addr: str) -> tuple[str, int]:
         raise InputError(str(e)) from None
 
 
-def serve(cfg: cfgmod.Config, listen: str, per_path: bool | None = None):
+def serve(cfg: cfgmod.Config, listen: str, per_path: bool | None = None,
+          collector: SnapshotCollector | None = None):
     """Start the HTTP server in a daemon thread; returns (server, thread)."""
     from prometheus_client import CollectorRegistry, start_http_server
     host, port = parse_listen(listen)
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(SnapshotCollector(cfg, per_path=per_path))
+    registry.register(collector or SnapshotCollector(cfg, per_path=per_path))
     try:
         return start_http_server(port, addr=host, registry=registry)
     except OSError as e:

@@ -115,14 +115,19 @@ class Lab:
         through bpf_redirect_neigh meanwhile, but cannot hedge onto them)."""
         return [k for k, e in enumerate(self.path_entries(i)) if e.ifindex and e.dmac == "00:00:00:00:00:00"]
 
+    def instance(self, i: int):
+        """Host i's mrc0 instance record (instance.state.Instance)."""
+        from mrcctl.instance.state import Instance
+
+        ino = int(self.tb.exec(i, ["stat", "-L", "-c", "%i", "/proc/self/ns/net"]).stdout)
+        return Instance("mrc0", netns=ino)
+
     def path_entries(self, i: int) -> list:
         """Every slot of host i's mrc_paths, unpacked (abi.Path)."""
         from mrcctl.datapath import abi as wire
         from mrcctl.datapath.libbpf import Map
-        from mrcctl.instance.state import Instance
 
-        ino = int(self.tb.exec(i, ["stat", "-L", "-c", "%i", "/proc/self/ns/net"]).stdout)
-        state = Instance("mrc0", netns=ino).read()
+        state = self.instance(i).read()
         with Map.from_id(state["map_ids"]["mrc_paths"]) as paths:
             raws = paths.lookup_range(0, paths.max_entries)
         return [wire.Path.unpack(r) for r in raws]

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 
-from lab import XFER, Lab
+from lab import FAST_HEALTH, XFER, Lab
 
 # the 100 ms goals (an applied change, a dropped file's route) are measured by
 # scripts/bench_scale.py; a loaded CI machine took 101.6 and 120 ms once
@@ -203,3 +203,90 @@ def test_without_an_agent_the_command_applies_and_a_bad_file_changes_nothing(tmp
         (peers_dir / "h2.toml").write_text(_h2_file(lab))      # fixed: applied
         _wait_applied(lab, True)
         assert _reaches(lab, 0, 2)
+
+
+def _pid(lab: Lab) -> int:
+    return lab.instance(0).read()["agent_pid"]
+
+
+def _agent_log(lab: Lab) -> str:
+    return (lab.instance(0).run_dir / "agent.log").read_text()
+
+
+def _macs(lab: Lab, addr: str) -> list[str]:
+    """The MACs of h0's paths to `addr`."""
+    return [e.dmac for e in lab.path_entries(0) if e.daddr == addr]
+
+
+def _scrape(lab: Lab, port: int) -> str:
+    code = f"import urllib.request;print(urllib.request.urlopen('http://127.0.0.1:{port}/metrics',timeout=10).read().decode())"
+    return lab.tb.exec(0, [sys.executable, "-c", code], check=False).stdout   # "": not listening yet
+
+
+def _wait(cond, what: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+
+
+def test_the_agent_follows_peer_changes_in_place(tmp_path):
+    """The agent takes an added peer into every subsystem without starting
+    again: its pid and uptime go on, the exporter reports the new peer, the
+    neighbours task rewrites the peer's MACs when its neighbour changes,
+    and the health prober brings the peer's paths back after a blackhole
+    (which only its probes can do for a peer that no longer sends). A
+    removed peer leaves them all."""
+    port = 9481
+    peers_dir = tmp_path / "peers-h0"
+    peers_dir.mkdir()
+    metrics = f'[metrics]\nlisten = "127.0.0.1:{port}"\n'
+    with Lab(tmp_path, hosts=3, planes=PLANES, evs=EVS, prefix="mbf") as lab:
+        text = _h0_config(lab, peers_dir)
+        lab.configs[0].write_text(text.replace("[peers]\n", FAST_HEALTH + metrics + "[peers]\n"))
+        lab.write_config(1, peers=[0], evs=EVS, extra=FAST_HEALTH)
+        lab.write_config(2, peers=[0], evs=EVS, extra=FAST_HEALTH)
+        lab.up()
+        pid0 = _pid(lab)
+        _wait(lambda: "mrc_up 1.0" in _scrape(lab, port), "no exporter")
+        assert 'peer="h2"' not in _scrape(lab, port)
+
+        (peers_dir / "h2.toml").write_text(_h2_file(lab))
+        _wait_applied(lab, True)
+        _wait(lambda: 'peer="h2"' in _scrape(lab, port), "the exporter does not report h2")
+        assert _reaches(lab, 0, 2)
+
+        # neighbours: h2's address on plane 0 moves to another MAC, and back
+        addr, dev = lab.tb.addr(2, 0, 0), lab.tb.dev(0, 2, 0)
+        fake = "02:00:00:00:00:99"
+        lab.tb.exec(0, ["ip", "neigh", "replace", addr, "lladdr", fake, "dev", dev, "nud", "permanent"])
+        _wait(lambda: _macs(lab, addr) == [fake] * EVS, "the agent did not follow h2's new neighbour")
+        lab.tb.exec(0, ["ip", "neigh", "replace", addr, "lladdr", lab.tb.mac(2, 0, 0), "dev", dev,
+                        "nud", "reachable"])
+        _wait(lambda: _macs(lab, addr) == [lab.tb.mac(2, 0, 0)] * EVS,
+              "the agent did not follow h2's neighbour back")
+        assert _reaches(lab, 0, 2)
+
+        # health: h2's plane 1 dead under traffic, then h2 idle: only the
+        # agent's probes bring its paths back
+        lab.tb.blackhole(0, 1, peer=2)
+        ping = lab.tb.popen(0, ["ping", "-q", "-i", "0.01", "-w", "20", lab.overlay(2)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            _wait(lambda: sum(p["state"] != "GOOD" for p in lab.paths(0, "h2")) == EVS,
+                  f"h2's plane 1 not out of service: {lab.paths(0, 'h2')}")
+        finally:
+            ping.kill()
+            ping.wait()
+            lab.tb.blackhole(0, 1, peer=2, on=False)
+        _wait(lambda: all(p["state"] == "GOOD" for p in lab.paths(0, "h2")),
+              f"h2's paths did not come back: {lab.paths(0, 'h2')}")
+
+        (peers_dir / "h2.toml").unlink()
+        _wait_applied(lab, False)
+        assert not _reaches(lab, 0, 2) and _reaches(lab, 0, 1)
+        _wait(lambda: 'peer="h2"' not in _scrape(lab, port), "the exporter still reports h2")
+        # one agent throughout: an exec would keep the pid but start the
+        # exporter (which logs it) again
+        log = _agent_log(lab)
+        assert _pid(lab) == pid0 and log.count("metrics on http") == 1, log

@@ -274,6 +274,31 @@ def test_lookup_range_reads_a_slice_in_one_call(dp):
         dp.maps["mrc_path_stats"].lookup_range(0, 1)  # per-CPU: not a plain array
 
 
+@pytest.mark.parametrize("name", ["mrc_rx_peers", "mrc_peer_ip", "mrc_live"])
+def test_items_reads_every_entry_of_a_hash_an_lpm_trie_and_an_array(dp, name):
+    """items() by batch lookup, against the entries written one at a time:
+    a hash (its resume token a bucket number), an LPM trie (a key) and an
+    array, with more entries than one hash bucket holds."""
+    m = dp.maps[name]
+    want = {} if name == "mrc_live" else {k: m.lookup(k) for k in m.keys()}
+    for i in range(min(3000, m.max_entries - len(want))):
+        if name == "mrc_peer_ip":
+            key = wire.OvlKey.of(f"10.{i // 250}.{i % 250}.0/24").pack()
+        elif name == "mrc_rx_peers":
+            key = i.to_bytes(4, "little") + bytes(m.key_size - 4)
+        else:
+            key = wire.u32(i)
+        want[key] = (i * 7919).to_bytes(4, "little").ljust(m.value_size, b"\x01")
+    for k, v in want.items():
+        m.update(k, v)
+    got = dict(m.items())
+    if name == "mrc_live":              # an array holds every index, the rest zero
+        assert len(got) == m.max_entries and all(got[k] == v for k, v in want.items())
+    else:
+        assert got == want
+    assert got == dict((k, m.lookup(k)) for k in m.keys())     # one at a time: the same
+
+
 def test_only_the_programs_asked_for_are_loaded(bpf_objects):
     """`up` loads the receive program of the hook its planes use, not both
     (each verifies >100k instructions): the other is never loaded, and the

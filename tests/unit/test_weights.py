@@ -262,6 +262,37 @@ def test_many_peers_default_to_fixed_weights():
     assert cfgmod.weights_mode(cfg(n + 1, '[weights]\nmode = "adaptive"')) == "adaptive"
 
 
+def test_the_weights_tasks_follow_the_peers_of_a_running_agent():
+    """Peers added to or removed from a running agent (loop.Agent.set_peers)
+    move the default mode across ADAPTIVE_DEFAULT_MAX_PEERS as a start with
+    those peers would; what was learned of the peers touched goes, the
+    others keep theirs."""
+    from mrcctl.agent import loop
+
+    def cfg(n, gap=250):
+        toml = ['[overlay]\naddress = "172.31.0.1/16"\n[[plane]]\ndevice = "p0"']
+        toml += [f'[[peer]]\nname = "n{i}"\noverlay = "172.31.{1 + i // 200}.{1 + i % 200}"\n'
+                 f'flowlet_gap_us = {gap}\n[peer.underlay]\np0 = "10.0.{i // 200}.{2 + i % 200}"' for i in range(n)]
+        return cfgmod.parse("\n".join(toml))
+    n = cfgmod.ADAPTIVE_DEFAULT_MAX_PEERS
+    agent = loop.Agent.__new__(loop.Agent)
+    agent.tasks, agent._peer_hooks, agent._entries = [], [], {}
+    agent.cfg = cfg(n)
+    ctl = W.Controller(agent.cfg, dp=None)
+    W._Tasks(agent, ctl)
+    assert [t.name for t in agent.tasks] == ["weights"]      # every gap configured: no gap step
+    ctl.peers = {0: "learned", 1: "learned"}
+    ctl.psns = [5] * n
+    agent.set_peers(cfg(n + 1), {n})
+    assert [t.name for t in agent.tasks] == [] and not ctl.peers
+    agent.set_peers(cfg(n), {n})
+    assert [t.name for t in agent.tasks] == ["weights"]
+    ctl.peers = {0: "learned", 1: "learned"}
+    agent.set_peers(cfg(n, gap=0), {1})
+    assert [t.name for t in agent.tasks] == ["weights", "flowlet-gap"] and ctl.peers == {0: "learned"}
+    assert ctl.psns[:2] == [5, 0]
+
+
 def test_a_task_may_ask_to_wait_longer():
     """The agent loop (loop.Agent.run_due): a task that returns a number is
     due again that many seconds later (the weights step when every peer is
