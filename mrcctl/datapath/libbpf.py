@@ -542,9 +542,17 @@ class Map(_Fd):
     def read_range(self, first: int, count: int) -> list[bytes]:
         """Any array map (per-CPU ones too, every CPU's value as lookup()
         returns them): the values at first..first+count-1 in one call."""
-        raw = self.read_raw(first, count)
+        return self.split(self.read_raw(first, count))
+
+    def split(self, raw: bytes) -> list[bytes]:
+        """read_raw's buffer as read_range's values."""
         vs = self._full_value_size()
         return [raw[i:i + vs] for i in range(0, len(raw), vs)]
+
+    @property
+    def entry_size(self) -> int:
+        """Bytes of one value in read_raw's buffer (per-CPU maps: every CPU's)."""
+        return self._full_value_size()
 
     def read_raw(self, first: int, count: int) -> bytes:
         """read_range's values as one buffer, value after value (fewer at

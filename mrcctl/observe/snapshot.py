@@ -6,6 +6,7 @@ The snapshot is what `status --json` prints (docs/status.schema.json), what
 
 from __future__ import annotations
 
+import collections
 import struct
 import time
 
@@ -65,6 +66,10 @@ def _with_slot_shares(dp: Datapath, pent: wire.Peer, peer: int, paths: list[dict
     return paths
 
 
+_LIVE_AT = wire.PathLive.offsets()
+_LIVE_NAMES = ("last_ack_ns", "rtt_us", "srtt_us", "ev_rtt_us", "flaps", "state")
+_LIVE_FIELDS = [(struct.Struct("=" + dict(wire.PathLive.LAYOUT)[f]), _LIVE_AT[f]) for f in _LIVE_NAMES]
+_Live = collections.namedtuple("_Live", _LIVE_NAMES)
 _SLOT_AT = wire.Slots.offsets()["slot"]
 _PATH_WEIGHT = wire.Path.offsets()["weight"]
 _U32, _U64 = struct.Struct("=I"), struct.Struct("=Q")
@@ -126,6 +131,13 @@ def _snapshot(cfg: cfgmod.Config, dp: Datapath, only: set[str] | None = None) ->
     # paths: thousands of peers, not one system call per counter.
     pents = peers_m.lookup_range(0, n_peers)
     seqs = seq_m.lookup_range(0, n_peers)
+    path_maps = [stats_m, cnt_m, paths_m, admin_m, live_m, mtu_m, cong_m]
+    # every peer: each per-path map read once and sliced per peer (a read
+    # per map per peer was 28,000 system calls at 4,096 peers)
+    whole = None
+    if only is None:
+        end = max((dp.path_idx(p.index, 0) + len(p.paths) for p in cfg.peers), default=0)
+        whole = [m.read_raw(0, end) if m is not None else b"" for m in path_maps]
     peers = []
     for peer in cfg.peers:
         if only is not None and peer.name not in only:
@@ -133,29 +145,31 @@ def _snapshot(cfg: cfgmod.Config, dp: Datapath, only: set[str] | None = None) ->
         pent = wire.Peer.unpack(pents[peer.index]) if peer.index < len(pents) else wire.Peer()
         seq = wire.PeerSeq.unpack(seqs[peer.index]) if peer.index < len(seqs) else wire.PeerSeq()
         first, n = dp.path_idx(peer.index, 0), len(peer.paths)
-        hot = stats_m.read_range(first, n)
-        cold = cnt_m.read_range(first, n) if cnt_m is not None else []
-        ents, admins, lives = (m.read_range(first, n) for m in (paths_m, admin_m, live_m))
-        mtus = mtu_m.read_range(first, n) if mtu_m is not None else []
-        congs = cong_m.read_range(first, n) if cong_m is not None else []
+        if whole is None:
+            rows = [m.read_range(first, n) if m is not None else [] for m in path_maps]
+        else:
+            rows = [m.split(raw[first * m.entry_size:(first + n) * m.entry_size]) if m is not None else []
+                    for m, raw in zip(path_maps, whole)]
+        hot, cold, ents, admins, lives, mtus, congs = rows
         step = (stats_m.value_size + 7) & ~7
+        remote = {dev: str(addr) for dev, addr in peer.underlay.items()}
         paths = []
         for path in peer.paths:
             i = path.id
             st = wire.PathCounters.of([hot[i][c * step:c * step + stats_m.value_size]
                                        for c in range(len(hot[i]) // step)],
                                       cold[i] if i < len(cold) else None)
-            # the two fields of the path's entry it shows, not the entry
-            # unpacked (its MACs and addresses made into text, per path)
+            # the fields of the entries it shows, not the entries unpacked
+            # (MACs and addresses made into text, per path)
             weight = _U32.unpack_from(ents[i], _PATH_WEIGHT)[0]
             admin = wire.unpack_u32(admins[i])
-            live = wire.PathLive.unpack(lives[i])
+            live = _Live(*(st_.unpack_from(lives[i], at)[0] for st_, at in _LIVE_FIELDS))
             age_ms = (now_ns - live.last_ack_ns) / 1e6 if live.last_ack_ns else None
             paths.append({
                 "id": path.id,
                 "plane": path.plane.device,
                 "ev": path.ev,
-                "remote": str(path.remote),
+                "remote": remote[path.plane.device],
                 "state": _state_name(wire.effective_state(admin, live.state)),
                 "weight": weight,
                 "tx_packets": st.tx_packets,
