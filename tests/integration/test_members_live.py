@@ -282,6 +282,16 @@ def test_the_agent_follows_peer_changes_in_place(tmp_path):
         _wait(lambda: all(p["state"] == "GOOD" for p in lab.paths(0, "h2")),
               f"h2's paths did not come back: {lab.paths(0, 'h2')}")
 
+        # an edited file: h2 removed and added again with one more EV per
+        # plane (h2's side too, so that the new paths answer)
+        lab.write_config(2, peers=[0], evs=EVS + 1, extra=FAST_HEALTH)
+        lab.mrcctl(2, "up")
+        (peers_dir / "h2.toml").write_text(_h2_file(lab).replace(f"evs_per_plane = {EVS}",
+                                                                   f"evs_per_plane = {EVS + 1}"))
+        _wait(lambda: len(lab.paths(0, "h2")) == PLANES * (EVS + 1), "h2 not re-added with more EVs")
+        _wait(lambda: _macs(lab, addr) == [lab.tb.mac(2, 0, 0)] * (EVS + 1), "the new paths have no MAC")
+        assert _reaches(lab, 0, 2)
+
         (peers_dir / "h2.toml").unlink()
         _wait_applied(lab, False)
         assert not _reaches(lab, 0, 2) and _reaches(lab, 0, 1)
