@@ -111,6 +111,22 @@ def test_top_with_many_peers_shows_trouble_first():
     assert any("more rows" in ln for ln in lines)
 
 
+def test_top_slows_down_rather_than_take_a_core():
+    """A sample of thousands of peers costs a second or more: the dashboard
+    then samples less often (at most MAX_DUTY of one CPU) and says so."""
+    from mrcctl.observe import top
+    assert top.next_period(0.25, 0.01) == 0.25
+    assert top.next_period(0.25, 1.5) == 1.5 / top.MAX_DUTY
+    view = View(folded=True, interval=0.25, period=top.next_period(0.25, 1.5))
+    names = tuple(f"n{i:03d}" for i in range(10))
+    cur = snap(2, names)
+    lines = [t.plain for t in build_frame(cur, compute_rates(snap(1, names), cur, 1.0), [], view, 100, 24)]
+    assert any("every 6.0 s" in ln for ln in lines), lines
+    view.period = 0.25
+    lines = [t.plain for t in build_frame(cur, compute_rates(snap(1, names), cur, 1.0), [], view, 100, 24)]
+    assert any("4/s" in ln for ln in lines), lines
+
+
 def test_event_lines(tmp_path):
     f = tmp_path / "events.jsonl"
     tail = EventTail(f)

@@ -38,7 +38,7 @@ def status(config_path, as_json, peers, view):
 @click.command()
 @CONFIG_OPT
 @click.option("--interval", type=click.FloatRange(0.1, 10), default=0.25, show_default=True, metavar="SECONDS",
-              help="Time between refreshes.")
+              help="Time between refreshes (longer while a refresh costs more than a quarter of it).")
 @click.option("--once", is_flag=True, help="Print one frame and exit (also when stdout is not a terminal).")
 @click.option("--fold", is_flag=True, help="Start with one row per plane (key f toggles).")
 def top(config_path, interval, once, fold):

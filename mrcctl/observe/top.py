@@ -162,7 +162,8 @@ class Col:
 class View:
     """What the dashboard shows; survives between frames."""
     folded: bool = False
-    interval: float = 0.25
+    interval: float = 0.25      # asked for
+    period: float = 0.25        # in force: longer while a sample costs more than MAX_DUTY of it
     history: deque = field(default_factory=lambda: deque(maxlen=240))
     message: str = ""
 
@@ -273,7 +274,8 @@ def build_frame(snap: dict | None, paths: list[PathView], events: list[dict], vi
     # --- footer
     drops = {k: v for k, v in (snap or {}).get("drops", {}).items() if v and reason_is_drop(k)}
     mode = "planes" if folded else "paths"
-    foot = f" q quit  f fold/unfold  [{mode}]  {1 / view.interval:.0f}/s"
+    rate = 1 / max(view.period, view.interval)
+    foot = f" q quit  f fold/unfold  [{mode}]  " + (f"{rate:.0f}/s" if rate >= 1 else f"every {1 / rate:.1f} s")
     if drops:
         foot += "  drops: " + " ".join(f"{k}={v}" for k, v in sorted(drops.items()))
     if view.message:
@@ -422,7 +424,8 @@ def run_live(dash: Dashboard, console: Console, until: float | None = None, on_t
                     dash.sample()
                     w, h = console.size
                     live.update(dash.frame(w, h), refresh=True)
-                    nxt = max(nxt + dash.view.interval, now + dash.view.interval / 2)
+                    dash.view.period = next_period(dash.view.interval, time.monotonic() - now)
+                    nxt = max(nxt + dash.view.period, now + dash.view.period / 2)
                 keys = term.keys(min(nxt, until or nxt) - time.monotonic())
                 if "q" in keys or "Q" in keys:
                     reason = "quit"
@@ -436,6 +439,19 @@ def run_live(dash: Dashboard, console: Console, until: float | None = None, on_t
     finally:
         signal.signal(signal.SIGTERM, old_term)
     return reason
+
+
+# the share of one CPU the dashboard may take: with thousands of peers a
+# sample (and its frame) costs a second or more, and back-to-back samples
+# would take a core from the host it watches (whose datapath is CPU-bound)
+MAX_DUTY = 0.25
+
+
+def next_period(interval: float, cost: float) -> float:
+    """Seconds from one sample to the next: the interval asked for, or
+    longer, so that a sample that took `cost` seconds is at most MAX_DUTY
+    of the period."""
+    return max(interval, cost / MAX_DUTY)
 
 
 def run(cfg: cfgmod.Config, interval: float = 0.25, once: bool = False, folded: bool = False,
