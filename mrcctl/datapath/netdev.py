@@ -33,6 +33,7 @@ NETDEV_A_DEV_IFINDEX, NETDEV_A_DEV_XDP_FEATURES = 1, 3
 NETDEV_XDP_ACT_NDO_XMIT = 1 << 2
 _NLMSG_ERROR, _NLMSG_DONE = 2, 3
 F_REQUEST, F_DUMP = 0x1, 0x300
+F_ACK, F_REPLACE, F_CREATE = 0x4, 0x100, 0x400
 _HDR = struct.Struct("=IHHII")
 _GENL = struct.Struct("=BBH")
 _ATTR = struct.Struct("=HH")
@@ -111,13 +112,16 @@ def rtnl(typ: int, flags: int, body: bytes) -> list[tuple[bytes, int, int]]:
 RTNL_BATCH = 256      # requests per send: their answers fit the socket's receive buffer
 
 
-def rtnl_batch(typ: int, bodies: list[bytes]) -> list[tuple[bytes, int, int] | int]:
+def rtnl_batch(typ: int, bodies: list[bytes], flags: int = 0) -> list[tuple[bytes, int, int] | int]:
     """Many single-answer route-netlink requests of one type on one socket,
     sent RTNL_BATCH to a send (the kernel answers each message of a send in
     turn, an error included): per request, (buffer, payload start, end) of
     its answer or the errno it failed with (ETIMEDOUT: no answer in 2 s).
     One request per system call through pyroute2 cost ~4 ms of CPU each:
-    a thousand routed peers' next hops took the agent's whole core."""
+    a thousand routed peers' next hops took the agent's whole core.
+    `flags` beside NLM_F_REQUEST: with F_ACK (changes, which answer
+    nothing else) a request that succeeded gives 0."""
+    ack = bool(flags & F_ACK)
     out: list[tuple[bytes, int, int] | int] = [errno.ETIMEDOUT] * len(bodies)
     with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, socket.NETLINK_ROUTE) as s:
         s.bind((0, 0))
@@ -125,7 +129,7 @@ def rtnl_batch(typ: int, bodies: list[bytes]) -> list[tuple[bytes, int, int] | i
         for at in range(0, len(bodies), RTNL_BATCH):
             chunk = bodies[at:at + RTNL_BATCH]
             # seq numbers from 1: the answer's seq says which request it is for
-            s.send(b"".join(_HDR.pack(_HDR.size + len(b), typ, F_REQUEST, at + k + 1, 0) + b
+            s.send(b"".join(_HDR.pack(_HDR.size + len(b), typ, F_REQUEST | flags, at + k + 1, 0) + b
                             for k, b in enumerate(chunk)))
             pending = len(chunk)
             while pending:
@@ -137,7 +141,8 @@ def rtnl_batch(typ: int, bodies: list[bytes]) -> list[tuple[bytes, int, int] | i
                     k = seq - 1
                     if at <= k < at + len(chunk) and out[k] == errno.ETIMEDOUT:
                         if mtype == _NLMSG_ERROR:
-                            out[k] = -struct.unpack_from("=i", buf, start)[0] or errno.EPROTO
+                            err = -struct.unpack_from("=i", buf, start)[0]
+                            out[k] = err if err or ack else errno.EPROTO
                         else:
                             out[k] = (buf, start, end)
                         pending -= 1

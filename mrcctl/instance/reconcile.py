@@ -374,8 +374,11 @@ def _apply(cfg, inst, nl, planes, mtu, digest, prior, neigh_wait: float = NEIGH_
     # device (tx then finds the peer by longest prefix, bpf/peer.h).
     routes = set(state.get("routes", []))
     want_routes = {str(net) for peer in cfg.peers for net in peer.owned()}
-    for r in sorted(want_routes):
-        _step(f"adding route {r}", nl.route_replace, r, cfg.overlay_device, cfg.rto_min_ms)
+    failed = _step("adding routes", nl.routes_replace, sorted(want_routes), cfg.overlay_device, cfg.rto_min_ms)
+    if failed:
+        r, err = failed[0]
+        raise StepError(f"adding route {r}", os.strerror(err) + (f" (and {len(failed) - 1} more)"
+                                                                 if len(failed) > 1 else ""))
     for r in sorted(routes - want_routes):
         nl.route_delete(r, cfg.overlay_device)
     state["routes"] = sorted(want_routes)

@@ -200,6 +200,27 @@ class Netlink:
         else:
             self.ipr.route("replace", dst=dst, oif=self.index(device), scope="link", **kw)
 
+    def routes_replace(self, dsts: list[str], device: str, rto_min_ms: int = 0) -> list[tuple[str, int]]:
+        """route_replace for many routes at once (RTM_NEWROUTE batched on one
+        socket: one pyroute2 request per route was 1.5 s for 4,096 peers);
+        returns (route, errno) of those that failed."""
+        idx = self.index(device)
+        if idx is None:
+            return [(d, errno.ENODEV) for d in dsts]
+        metrics = netdev.nla(_RTA_METRICS, netdev.nla(_RTAX_LOCK, struct.pack("=I", 1 << RTAX_RTO_MIN))
+                             + netdev.nla(RTAX_RTO_MIN, struct.pack("=I", rto_min_ms))) if rto_min_ms else b""
+        bodies = []
+        for d in dsts:
+            net = ipaddress.ip_network(d)
+            v6 = net.version == 6
+            # as `ip route replace DST dev DEV [scope link]`: main table, static, unicast
+            bodies.append(RTMSG.pack(socket.AF_INET6 if v6 else socket.AF_INET, net.prefixlen, 0, 0, _RT_TABLE_MAIN,
+                                     _RTPROT_STATIC, 0 if v6 else _RT_SCOPE_LINK, _RTN_UNICAST, 0)
+                          + netdev.nla(RTA_DST, net.network_address.packed)
+                          + netdev.nla(_RTA_OIF, struct.pack("=I", idx)) + metrics)
+        answers = netdev.rtnl_batch(_RTM_NEWROUTE, bodies, netdev.F_ACK | netdev.F_CREATE | netdev.F_REPLACE)
+        return [(d, a) for d, a in zip(dsts, answers) if a]
+
     def route_delete(self, dst: str, device: str) -> None:
         idx = self.index(device)
         if idx is not None:
@@ -463,9 +484,11 @@ _NDMSG = struct.Struct("=BxxxiHBB")
 
 
 _ADDR_NAMES: dict[bytes, str] = {}     # neighbour_table's address texts
-_RTM_GETROUTE = 26
+_RTM_GETROUTE, _RTM_NEWROUTE = 26, 24
 RTMSG = struct.Struct("=BBBBBBBBI")      # struct rtmsg
-RTA_DST, _RTA_OIF, _RTA_GATEWAY, _RTA_VIA = 1, 4, 5, 18
+RTA_DST, _RTA_OIF, _RTA_GATEWAY, _RTA_VIA, _RTA_METRICS = 1, 4, 5, 18, 8
+_RTAX_LOCK = 1
+_RT_TABLE_MAIN, _RTPROT_STATIC, _RT_SCOPE_LINK, _RTN_UNICAST = 254, 4, 253, 1
 
 
 def next_hops(queries: list[tuple[int, str]]) -> dict[tuple[int, str], str]:

@@ -1,6 +1,8 @@
 """Next hops asked of the kernel in one batch (topology.next_hops): what the
 agent and `up` use to put a gateway's MAC on every frame toward a peer
-behind it. Real routes in a namespace of the test's own."""
+behind it; and the peers' routes added in one batch (routes_replace), the
+same routes one request each gives. Real routes in a namespace of the
+test's own."""
 
 from __future__ import annotations
 
@@ -68,3 +70,60 @@ def test_more_lookups_than_one_send_all_answered_in_order(ns):
     queries = [f"10.{77 + k % 2 * 1}.{k // 250}.{k % 250 + 1}" for k in range(n)]
     want = ["10.77.0.254" if q.startswith("10.78.") else q for q in queries]
     assert ask(queries) == want
+
+
+REPLACE = """
+import json, sys
+from mrcctl.instance import topology
+how, dev, rto, dsts = json.loads(sys.stdin.read())
+with topology.Netlink() as nl:
+    if how == "one":
+        for d in dsts:
+            nl.route_replace(d, dev, rto)
+        print("[]")
+    else:
+        print(json.dumps(nl.routes_replace(dsts, dev, rto)))
+"""
+
+
+def replace(how: str, dev: str, rto: int, dsts: list[str]) -> list:
+    r = subprocess.run(["ip", "netns", "exec", NS, sys.executable, "-c", REPLACE],
+                       input=json.dumps([how, dev, rto, dsts]), capture_output=True, text=True, check=True,
+                       cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    return json.loads(r.stdout)
+
+
+def routes_on(dev: str) -> list[str]:
+    out = []
+    for fam in ("-4", "-6"):
+        r = subprocess.run(["ip", "-n", NS, "-d", fam, "route", "show", "dev", dev], check=True,
+                           capture_output=True, text=True)
+        out += [ln for ln in r.stdout.splitlines() if "fe80" not in ln]
+    return out
+
+
+@pytest.mark.parametrize("rto", [200, 0])
+def test_routes_added_in_one_batch_are_the_routes_added_one_at_a_time(ns, rto):
+    dsts = [f"172.31.{k // 250}.{k % 250 + 1}/32" for k in range(netdev.RTNL_BATCH + 40)] + \
+        ["10.244.3.0/24", "fd31::5/128", "fd00:3::/64"]
+    ip("link", "add", "ov1", "type", "veth", "peer", "name", "ov2")
+    try:
+        ip("link", "set", "ov1", "up")
+        ip("link", "set", "ov2", "up")
+        assert replace("one", "ov1", rto, dsts) == []
+        one = routes_on("ov1")
+        assert len(one) == len(dsts) and all(("rto_min lock 200ms" in ln) == bool(rto) for ln in one), one[:3]
+        ip("link", "set", "ov2", "down")     # flushes ov1's routes (no carrier)
+        ip("link", "set", "ov1", "down")
+        ip("link", "set", "ov1", "up")
+        ip("link", "set", "ov2", "up")
+        assert routes_on("ov1") == []
+        assert replace("batch", "ov1", rto, dsts) == []
+        assert routes_on("ov1") == one
+        assert replace("batch", "ov1", rto, dsts) == [] and routes_on("ov1") == one     # replaced, not added
+        # a failure names its route and the errno: a device that is down takes no IPv4 route
+        ip("link", "set", "ov1", "down")
+        failed = replace("batch", "ov1", rto, ["172.31.200.1/32"])
+        assert failed == [["172.31.200.1/32", 100]], failed       # ENETDOWN
+    finally:
+        subprocess.run(["ip", "-n", NS, "link", "del", "ov1"], check=False)
