@@ -60,6 +60,11 @@ enum mrc_type {
 	MRC_T_FEEDBACK		= 3,	/* evidence without data: fb_path/fb_ts echo
 					 * a DATA unit the sender of this frame
 					 * received (bpf/feedback.h) */
+	MRC_T_TRACE		= 4,	/* EV trace: sent with a small TTL for the
+					 * routers on the EV's way to answer (ICMP
+					 * time exceeded names the hop: the agent's
+					 * EV map); one that reaches a peer is
+					 * dropped there, counted MRC_R_RX_TRACE */
 };
 
 /* Header flags. */
@@ -151,7 +156,8 @@ enum mrc_reason {
 	MRC_R_TX_TOO_BIG	= 32,	/* unit too big for its path: ICMP frag-needed to the sender */
 	MRC_R_TX_TOO_BIG_DROP	= 33,	/* too big for every path, and no ICMP (no DF, or none built) */
 	MRC_R_RX_FEEDBACK	= 34,	/* not a drop: feedback frames consumed */
-	MRC_R_MAX		= 35,
+	MRC_R_RX_TRACE		= 35,	/* not a drop: an EV trace that reached us */
+	MRC_R_MAX		= 36,
 };
 
 /* mrc_cfg: ARRAY[1], instance-wide settings the control plane may change

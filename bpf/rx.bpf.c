@@ -354,6 +354,11 @@ static __always_inline __u32 rx_data_body(void *ctx, bool tc, bool multi,
 			d->inner_family = ri.fl.family;
 	}
 
+	/* An EV trace went further than its sender's TTL meant (a peer one
+	 * router away): it carries nothing to verify and moves no state. */
+	if (type == MRC_T_TRACE)
+		return RX_V(RX_DROP, MRC_R_RX_TRACE);
+
 	/* Auth before anything uses the header: a probe is not turned around
 	 * and no state moves for a frame without the peer's MAC (auth.h). */
 	v = auth_verify(mh, data_end, d->udp_len, peer_idx, inner_ok ? &ri.fl : NULL, &auth);

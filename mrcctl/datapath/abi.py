@@ -96,6 +96,7 @@ class MsgType(_LabelEnum):
     PROBE = 1
     PROBE_REPLY = 2
     FEEDBACK = 3
+    TRACE = 4
 
 
 class PathState(_LabelEnum):
@@ -142,13 +143,15 @@ class Reason(_LabelEnum):
     TX_TOO_BIG = 32
     TX_TOO_BIG_DROP = 33
     RX_FEEDBACK = 34
+    RX_TRACE = 35
 
     @property
     def is_drop(self) -> bool:
         """False for the verdicts mrc.h marks "not a drop" (test_wire checks)."""
         return self not in (Reason.RX_PROBE_REPLIED, Reason.RX_PROBE_REPLY,
                             Reason.RX_PASS_VLAN, Reason.RX_PASS_FRAGMENT,
-                            Reason.RX_HEDGE_AHEAD, Reason.RX_PMTU, Reason.RX_FEEDBACK)
+                            Reason.RX_HEDGE_AHEAD, Reason.RX_PMTU, Reason.RX_FEEDBACK,
+                            Reason.RX_TRACE)
 
 
 def reason_is_drop(label: str) -> bool:
@@ -161,7 +164,7 @@ def reason_is_drop(label: str) -> bool:
     return "probe" not in label
 
 
-MRC_R_MAX = 35
+MRC_R_MAX = 36
 
 
 class EvReason(_LabelEnum):

@@ -216,6 +216,8 @@ class RxModel:
         mtype = f[moff] & 0x0F
         if reply_only and mtype != wire.MsgType.PROBE_REPLY:
             return PASS
+        if mtype == wire.MsgType.TRACE:             # an EV trace that went too far
+            return Verdict(XDP_DROP, R.RX_TRACE, None, moff)
         # auth is off in the model (no mrc_auth keys): a frame carrying a
         # MAC cannot be checked and is refused (bpf/auth.h)
         if f[moff + 1] & wire.MRC_F_AUTH:

@@ -40,7 +40,7 @@ def test_rx_fuzz_matches_model(fz):
     for r in (R.RX_TRUNCATED, R.RX_BAD_VERSION, R.RX_UNKNOWN_PEER, R.RX_UNKNOWN_PATH, R.RX_BAD_TYPE,
               R.RX_FRAGMENT, R.RX_IP_OPTIONS, R.RX_BAD_INNER, R.RX_PROBE_REPLIED, R.RX_PROBE_REPLY,
               R.RX_PASS_VLAN, R.RX_PASS_FRAGMENT, R.RX_INNER_SRC, R.RX_INNER_DST, R.RX_WRONG_PLANE,
-              R.RX_BAD_NONCE, R.RX_ECN_NOT_ECT, R.RX_PMTU, R.RX_PMTU_BAD):
+              R.RX_BAD_NONCE, R.RX_ECN_NOT_ECT, R.RX_PMTU, R.RX_PMTU_BAD, R.RX_TRACE):
         if r == R.RX_PASS_VLAN and fz.dp.rx_hook == "tc":
             continue        # tags never reach tc ingress in the frame (fuzzgen._rx_one)
         assert r.label in reached, f"no frame reached {r.label}: {dict(res.verdicts)}"

@@ -336,8 +336,12 @@ def test_wrong_version(hd, version):
 
 
 def test_unknown_type_and_path(hd):
-    for t in (4, 7, 15):
+    for t in (5, 7, 15):
         rx(hd, frame(type=t, **fresh()), XDP_DROP, R.RX_BAD_TYPE)
+    # an EV trace that reached us (its sender meant a router to answer it)
+    # is dropped unverified, even with a MAC flag it cannot prove
+    for flags in (0, wire.MRC_F_AUTH):
+        rx(hd, frame(type=wire.MsgType.TRACE, flags=flags, **fresh()), XDP_DROP, R.RX_TRACE)
     # a feedback frame is consumed, never delivered, whatever it carries
     rx(hd, frame(type=wire.MsgType.FEEDBACK, **fresh()), XDP_DROP, R.RX_FEEDBACK)
     rx(hd, frame(type=wire.MsgType.FEEDBACK, flags=wire.MRC_F_FEEDBACK, fb_path=0xFFFF,
