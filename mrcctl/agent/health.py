@@ -91,23 +91,26 @@ PROBE_LOSS_REASON = "probe_loss"
 # ------------------------------------------------------------------ probes
 
 
-def probe_frame(path: wire.Path, path_id: int, udp_port: int, auth: bool = False) -> bytearray:
-    """Ethernet + IP + UDP + MRC PROBE for one path; the MRC header's psn
+def probe_frame(path: wire.Path, path_id: int, udp_port: int, auth: bool = False, *,
+                mtype: int = wire.MsgType.PROBE, ttl: int = 64, ip_id: int = 0) -> bytearray:
+    """Ethernet + IP + UDP + MRC PROBE for one path, with the headers its
+    data carries (the same fields for a fabric to hash); the MRC header's psn
     (probe sequence) and tx_ts are patched per probe (PROBE_PSN_OFF/TS_OFF
     from the header's end). With auth the MAC slot follows the header,
-    signed per probe (sign_probe)."""
-    mrc = wire.encode_mrc_hdr(wire.MsgType.PROBE, path_id=path_id,
+    signed per probe (sign_probe). An EV trace (agent/evmap.py) is the same
+    frame of type TRACE with a small TTL (hop limit)."""
+    mrc = wire.encode_mrc_hdr(mtype, path_id=path_id, psn=ip_id,
                               flags=wire.MRC_F_AUTH if auth else 0)
     if auth:
         mrc += bytes(wire.MRC_AUTH_LEN)
     udp = struct.pack("!HHHH", path.ev, udp_port, 8 + len(mrc), 0)
     if path.family == 4:
-        ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(udp) + len(mrc), 0, 0x4000, 64, 17, 0,
+        ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(udp) + len(mrc), ip_id, 0x4000, ttl, 17, 0,
                          socket.inet_aton(path.saddr), socket.inet_aton(path.daddr))
         ip = ip[:10] + struct.pack("!H", wire.inet_csum(ip)) + ip[12:]
         etype = 0x0800
     else:
-        ip = struct.pack("!IHBB16s16s", 6 << 28 | (path.ev & 0xFFFFF), len(udp) + len(mrc), 17, 64,
+        ip = struct.pack("!IHBB16s16s", 6 << 28 | (path.ev & 0xFFFFF), len(udp) + len(mrc), 17, ttl,
                          socket.inet_pton(socket.AF_INET6, path.saddr),
                          socket.inet_pton(socket.AF_INET6, path.daddr))
         etype = 0x86DD

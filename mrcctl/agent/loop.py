@@ -71,6 +71,9 @@ class Agent:
         # what loading the config parsed, for the peers watcher's next load (agent/members.py)
         self.load_cache = cfgmod.LoadCache()
         self._entries: dict[int, tuple] = {}     # entries_of's cache, per peer: (token, entries, keys)
+        # peers behind a gateway: peer index -> {plane ifindex: next hop};
+        # written by the neighbours task, read by the EV map (agent/evmap.py)
+        self.gateways: dict[int, dict[int, str]] = {}
         self.sel = selectors.DefaultSelector()
         self.stopping = False
         self.started = time.monotonic()
@@ -210,7 +213,7 @@ class Agent:
 
 # Modules of this package that register agent subsystems with @subsystem
 # when imported; their set-up runs in this order.
-SUBSYSTEM_MODULES: list[str] = ["neighbours", "metrics", "health", "weights", "members"]
+SUBSYSTEM_MODULES: list[str] = ["neighbours", "evmap", "metrics", "health", "weights", "members"]
 
 # Subsystem set-up functions: each takes the Agent and registers tasks/readers.
 _SUBSYSTEMS: list[Callable[[Agent], None]] = []

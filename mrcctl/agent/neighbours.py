@@ -126,13 +126,17 @@ def setup(agent: agentmod.Agent) -> None:
         """Write the MAC each path of the peer should carry where it differs."""
         vs = paths_m.value_size
         routed = False
+        gws = {}
         for (ids, _addr), w in zip(groups[peer.index], where):
             if w is None:
                 continue
             mac = table.get(w)
             if mac is None:
                 routed = True
-                mac = table.get((w[0], hops.get(w, w[1])))
+                hop = hops.get(w, w[1])
+                if hop != w[1]:
+                    gws[w[0]] = hop
+                mac = table.get((w[0], hop))
             if mac is None or len(mac) != 6:     # none yet, or not Ethernet's
                 mac = zero
             for pid in ids:
@@ -144,6 +148,10 @@ def setup(agent: agentmod.Agent) -> None:
             behind[peer.index] = where
         else:
             behind.pop(peer.index, None)
+        if gws:
+            agent.gateways[peer.index] = gws
+        else:
+            agent.gateways.pop(peer.index, None)
 
     def peers_changed(cfg, touched: set[int]) -> None:
         """A peer added here got its MACs from `add_peer`; it is looked at
@@ -153,6 +161,7 @@ def setup(agent: agentmod.Agent) -> None:
             groups.pop(i, None)
             seen.pop(i, None)
             behind.pop(i, None)
+            agent.gateways.pop(i, None)
         for peer in cfg.peers:
             if peer.index in touched:
                 groups[peer.index] = _groups(peer)

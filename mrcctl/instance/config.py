@@ -164,6 +164,24 @@ class Weights:
     per_ev: bool = True           # adaptive mode also splits each plane over its EVs by their own queues
 
 
+EV_MAP_MODES = ("auto", "off")
+
+
+@dataclass(frozen=True)
+class EvMap:
+    """[ev_map]: which fabric links each EV of a peer behind a gateway
+    crosses, learnt from EV traces (TTL-limited frames the routers on the
+    way answer), and each plane's EVs moved onto ports that spread them
+    evenly over those links (mrcctl/agent/evmap.py). auto: peers behind a
+    gateway; off (the default for now): every path keeps its configured EV."""
+    mode: str = "off"
+    # router hops past the first gateway whose answers tell EVs apart: 1
+    # for leaf-spine planes (the spine), 2 for three tiers
+    depth: int = 1
+    # ports tried per path, its configured EV included
+    candidates: int = 2
+
+
 @dataclass(frozen=True)
 class Health:
     dead_after_ms: float = 20.0       # measured: 5 ms retires paths falsely under saturated shaped planes (docs/benchmarks/failover.md)
@@ -219,6 +237,7 @@ class Config:
     # per-plane aggregates (off: 4,096 peers would mean a million series)
     metrics_per_path: bool = False
     weights: Weights = field(default_factory=Weights)
+    ev_map: EvMap = field(default_factory=EvMap)
     # overlay.gso_max_size: largest GSO unit TCP may hand the overlay, i.e. the
     # largest spraying unit (None: spray_unit() picks one)
     gso_max_size: int | None = None
@@ -514,7 +533,7 @@ def parse(raw: bytes | str, source: str = "<string>") -> Config:
 
 def _build(doc: dict, source: str, digest: str) -> Config:
     _check_keys("", doc, {"overlay", "plane", "peer", "peers", "health", "metrics", "weights", "security",
-                          "limits"})
+                          "limits", "ev_map"})
 
     overlay = _typed("overlay", doc.get("overlay", None) or {}, dict)
     if "overlay" not in doc:
@@ -591,6 +610,7 @@ def _build(doc: dict, source: str, digest: str) -> Config:
                   metrics_listen=_metrics(doc.get("metrics", {})),
                   metrics_per_path=_metrics_per_path(doc.get("metrics", {})),
                   weights=_weights(doc.get("weights", {}), any("weight" in p for p in planes_raw)),
+                  ev_map=_ev_map(doc.get("ev_map", {})),
                   gso_max_size=gso_max_size,
                   key_file=_security(doc.get("security", {})), peers_dir=peers_dir, file_digest=digest,
                   max_peers=max_peers, max_paths_per_peer=max_paths,
@@ -1010,6 +1030,17 @@ def _weights(w, typed: bool) -> Weights:
     hold = _float_in("weights.ecn_hold_us", w.get("ecn_hold_us", d.ecn_hold_us), 0, 1_000_000)
     per_ev = _typed("weights.per_ev", w.get("per_ev", d.per_ev), bool)
     return Weights(mode=mode, interval_ms=iv, min_weight=mw, ecn_hold_us=hold, per_ev=per_ev, mode_set="mode" in w)
+
+
+def _ev_map(m) -> EvMap:
+    m = _typed("ev_map", m, dict)
+    _check_keys("ev_map", m, {"mode", "depth", "candidates"})
+    d = EvMap()
+    mode = _typed("ev_map.mode", m.get("mode", d.mode), str)
+    if mode not in EV_MAP_MODES:
+        raise ConfigError(f"ev_map.mode: {mode!r} is not one of {', '.join(EV_MAP_MODES)}")
+    return EvMap(mode=mode, depth=_int_in("ev_map.depth", m.get("depth", d.depth), 1, 6),
+                 candidates=_int_in("ev_map.candidates", m.get("candidates", d.candidates), 1, 8))
 
 
 # The agent's adaptive step reads every peer's counters each interval (about

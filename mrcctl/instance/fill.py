@@ -165,7 +165,9 @@ def _plan_moves(dp: Datapath, cfg: cfgmod.Config, by_dev: dict, old_peers: list)
         n = min(ent.n_paths, sz.stride)
         for pid, raw in enumerate(paths_m.lookup_range(sz.path_idx(i, 0), n)):
             p = wire.Path.unpack(raw)
-            old_paths[i][(p.ifindex, p.ev)] = pid
+            # the configured EV (ev_base + path id), not the one in use: the
+            # EV map (agent/evmap.py) may have moved the path to another port
+            old_paths[i][(p.ifindex, ent.ev_base + pid)] = pid
     peer_moves, path_moves = {}, {}
     for peer in cfg.peers:
         j = old_peer.get(peer_identity(peer))

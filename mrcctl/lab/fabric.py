@@ -270,7 +270,10 @@ class Fabric(Testbed):
                 lf_mac = self._router_mac(p, 2, self.leaf_of(i), i)
                 cmds += [f"addr add {self.host_addr(i, p)}/24 dev p{p}", f"link set p{p} up",
                          self._neigh(self.gateway(i, p), lf_mac, f"p{p}"),
-                         f"route add 10.{100 + p}.0.0/16 via {self.gateway(i, p)} dev p{p}"]
+                         f"route add 10.{100 + p}.0.0/16 via {self.gateway(i, p)} dev p{p}",
+                         # the routers' own links, so that their ICMP answers
+                         # (EV traces: agent/evmap.py) pass reverse-path filtering
+                         f"route add 10.{150 + p}.0.0/16 via {self.gateway(i, p)} dev p{p}"]
                 if v6:
                     cmds += [f"addr add {self.host_addr(i, p, 6)}/64 dev p{p} nodad",
                              self._neigh(self.gateway(i, p, 6), lf_mac, f"p{p}"),

@@ -7,6 +7,7 @@ The snapshot is what `status --json` prints (docs/status.schema.json), what
 from __future__ import annotations
 
 import collections
+import json
 import struct
 import time
 
@@ -72,7 +73,8 @@ _LIVE_FIELDS = [(struct.Struct("=" + dict(wire.PathLive.LAYOUT)[f]), _LIVE_AT[f]
 _Live = collections.namedtuple("_Live", _LIVE_NAMES)
 _SLOT_AT = wire.Slots.offsets()["slot"]
 _PATH_WEIGHT = wire.Path.offsets()["weight"]
-_U32, _U64 = struct.Struct("=I"), struct.Struct("=Q")
+_PATH_EV = wire.Path.offsets()["ev"]
+_U16, _U32, _U64 = struct.Struct("=H"), struct.Struct("=I"), struct.Struct("=Q")
 _CE_AT = wire.PathCong.offsets()["ce_echoes"]
 _MTU = struct.Struct(wire.PathMtu.fmt())
 
@@ -117,12 +119,22 @@ def snapshot(cfg: cfgmod.Config, dp: Datapath | None = None, peers: set[str] | N
             dp.close()
 
 
+def _ev_maps(dp: Datapath) -> dict:
+    """What the agent's EV map learnt (agent/evmap.py writes evmap.json):
+    per peer name and plane, its state, gateway and each port's hops."""
+    try:
+        return json.loads((dp.inst.run_dir / "evmap.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
 def _snapshot(cfg: cfgmod.Config, dp: Datapath, only: set[str] | None = None) -> dict:
     now_ns = time.monotonic_ns()
     stats_m, cnt_m = dp.map("mrc_path_stats"), _optional_map(dp, "mrc_path_cnt")
     paths_m, admin_m, live_m = dp.map("mrc_paths"), dp.map("mrc_admin"), dp.map("mrc_live")
     peers_m, seq_m = dp.map("mrc_peers"), dp.map("mrc_peer_seq")
     inst_state = dp.inst.read()
+    ev_maps = _ev_maps(dp)
     mtu_m = _optional_map(dp, "mrc_path_mtu")
     cong_m = _optional_map(dp, "mrc_path_cong")
     # indices, not the count: live membership leaves holes (assign_indices)
@@ -162,6 +174,7 @@ def _snapshot(cfg: cfgmod.Config, dp: Datapath, only: set[str] | None = None) ->
             # the fields of the entries it shows, not the entries unpacked
             # (MACs and addresses made into text, per path)
             weight = _U32.unpack_from(ents[i], _PATH_WEIGHT)[0]
+            wire_ev = _U16.unpack_from(ents[i], _PATH_EV)[0]
             admin = wire.unpack_u32(admins[i])
             live = _Live(*(st_.unpack_from(lives[i], at)[0] for st_, at in _LIVE_FIELDS))
             age_ms = (now_ns - live.last_ack_ns) / 1e6 if live.last_ack_ns else None
@@ -169,6 +182,7 @@ def _snapshot(cfg: cfgmod.Config, dp: Datapath, only: set[str] | None = None) ->
                 "id": path.id,
                 "plane": path.plane.device,
                 "ev": path.ev,
+                "wire_ev": wire_ev,
                 "remote": remote[path.plane.device],
                 "state": _state_name(wire.effective_state(admin, live.state)),
                 "weight": weight,
@@ -210,6 +224,8 @@ def _snapshot(cfg: cfgmod.Config, dp: Datapath, only: set[str] | None = None) ->
             "rx_psn_max": seq.rx_psn_max,
             "paths": _with_slot_shares(dp, pent, peer.index, paths),
         })
+        if peer.name in ev_maps:
+            peers[-1]["ev_map"] = ev_maps[peer.name]
     drops = {}
     drops_m = dp.map("mrc_drops")
     for r in wire.Reason:
