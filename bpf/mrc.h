@@ -237,7 +237,7 @@ struct mrc_slots {
 struct mrc_path {
 	__u32	ifindex;	/* plane device; writer: agent (loader) */
 	__u16	ev;		/* outer UDP source port, host order; writer:
-				 * agent (loader) */
+				 * agent (loader, then the EV map task) */
 	__u8	family;		/* 4 or 6; writer: agent (loader) */
 	__u8	plane;		/* plane index; writer: agent (loader) */
 	__u8	smac[6];	/* writer: agent (loader) */

@@ -40,5 +40,7 @@ def command(script: str, ap, a, dests: tuple[str, ...]) -> str:
     """The command line that reproduces a run, for the results doc: the
     script and those of `dests` (argparse destinations) whose values differ
     from their defaults, in that order."""
-    return f"sudo python3 scripts/{script}" + "".join(
-        f" --{d.replace('_', '-')} {getattr(a, d)}" for d in dests if getattr(a, d) != ap.get_default(d))
+    def arg(d):
+        v = getattr(a, d)
+        return f" --{d.replace('_', '-')}" + ("" if v is True else f" {v}")
+    return f"sudo python3 scripts/{script}" + "".join(arg(d) for d in dests if getattr(a, d) != ap.get_default(d))

@@ -2,7 +2,8 @@
 """How many EVs one connection needs on a routed leaf-spine fabric.
 
     sudo python3 scripts/bench_evs.py [--evs 4,8,16] [--trials 3] [--link-rate 500mbit]
-                                      [--ecn-rate 450mbit] [--prefix be] [--out docs/benchmarks] [--no-write]
+                                      [--ecn-rate 450mbit] [--ev-map] [--prefix be] [--out docs/benchmarks]
+                                      [--no-write]
 
 Two hosts on different leaves of 2 planes x 2 spines (docs/fabric.md); a leaf
 hashes each EV (outer UDP source port) onto one spine. For each EV count, a
@@ -15,7 +16,10 @@ one spine by the same hash) and of plain TCP over plane 0. The leaf-to-leaf
 capacity is planes x spines x the link rate. With --ecn-rate, each testbed then
 runs mrc again with every leaf-spine link marking CE on ECN-capable packets
 above that rate (Fabric.link_ecn_mark, a phantom queue; tcp_ecn=1 on the hosts),
-as a fabric's switches mark instead of queueing.
+as a fabric's switches mark instead of queueing. With --ev-map, each EV count
+gets a second testbed with `ev_map.mode = "auto"` (docs/fabric.md, "The EV
+map"): the same rows once the agents have mapped the fabric, and the spine
+split of the ports on the wire.
 
 Writes evs.md (the section between its markers) and evs.json into --out.
 """
@@ -75,7 +79,7 @@ def spines_of(lab: Lab) -> dict[str, int]:
     out: Counter = Counter()
     for p in range(PLANES):
         dev = tb.dev(0, 1, p)
-        evs = [x["ev"] for x in paths if x["plane"] == dev]
+        evs = [x["wire_ev"] for x in paths if x["plane"] == dev]
         for s in tb.ev_spines(p, 0, 1, evs).values():
             out[f"p{p} s{s}"] += 1
     return {f"p{p} s{s}": out.get(f"p{p} s{s}", 0) for p in range(PLANES) for s in range(SPINES)}
@@ -89,41 +93,65 @@ def summary(trials: list[dict]) -> dict:
             "intact": all(t["intact"] for t in trials)}
 
 
+EVMAP = """
+[ev_map]
+mode = "auto"
+candidates = 3
+"""
+
+
 def run(a, tmp: Path) -> list[dict]:
     rows = []
     fabric = dict(spines=SPINES, leaves=2, link_rate=a.link_rate)
-    for k, evs in enumerate(int(x) for x in a.evs.split(",")):
-        (tmp / f"evs{evs}").mkdir(parents=True, exist_ok=True)
-        with Lab(tmp / f"evs{evs}", 2, PLANES, prefix=a.prefix, evs=evs, fabric=fabric) as lab:
-            lab.up(settle=True)
-            if k == 0:
-                for name, dst, mptcp in (("tcp, plane 0", lab.tb.addr(1, 0, 0), False),
-                                         ("mptcp, a subflow per plane", lab.tb.addr(1, 0, 0), True)):
-                    if mptcp:
-                        mptcp_setup(lab.tb)
-                    row = {"method": name, **summary([transfer(lab, dst, 5900 + t, mptcp)
-                                                      for t in range(a.trials)])}
-                    print(json.dumps({x: row[x] for x in ("method", "gbps", "spurious_pct")}), flush=True)
-                    rows.append(row)
-                for i in (0, 1):
-                    lab.tb.exec(i, ["ip", "mptcp", "endpoint", "flush"], check=False)
-            row = {"method": f"mrc, {evs} EVs per plane", "evs": evs, "spines": spines_of(lab),
-                   **summary([transfer(lab, lab.overlay(1), 5950 + t) for t in range(a.trials)])}
-            print(json.dumps({x: row[x] for x in ("method", "spines", "gbps", "spurious_pct")}), flush=True)
-            rows.append(row)
-            if a.ecn_rate:
-                # what a fabric that marks instead of queueing tells the sender
-                for i in (0, 1):
-                    lab.tb.exec(i, ["sysctl", "-qw", "net.ipv4.tcp_ecn=1"])
-                for p in range(PLANES):
-                    for s in range(SPINES):
-                        for lf in (0, 1):
-                            lab.tb.link_ecn_mark(p, lf, s, direction="both", rate=a.ecn_rate)
-                row = {"method": f"mrc, {evs} EVs per plane, links mark CE above {a.ecn_rate}", "evs": evs,
-                       "spines": row["spines"],
-                       **summary([transfer(lab, lab.overlay(1), 5970 + t) for t in range(a.trials)])}
-                print(json.dumps({x: row[x] for x in ("method", "gbps", "spurious_pct")}), flush=True)
-                rows.append(row)
+    first = True
+    for evs in (int(x) for x in a.evs.split(",")):
+        for mapped in ((False, True) if a.ev_map else (False,)):
+            tag = f"evs{evs}" + ("-map" if mapped else "")
+            (tmp / tag).mkdir(parents=True, exist_ok=True)
+            with Lab(tmp / tag, 2, PLANES, prefix=a.prefix, evs=evs, fabric=fabric,
+                     **({"extra": EVMAP} if mapped else {})) as lab:
+                lab.up(settle=True)
+                if mapped:
+                    lab.wait_ev_map()
+                if first:
+                    rows += baselines(lab, a)
+                    first = False
+                rows += mrc_rows(lab, a, evs, " (EV map)" if mapped else "")
+    return rows
+
+
+def baselines(lab: Lab, a) -> list[dict]:
+    rows = []
+    for name, dst, mptcp in (("tcp, plane 0", lab.tb.addr(1, 0, 0), False),
+                             ("mptcp, a subflow per plane", lab.tb.addr(1, 0, 0), True)):
+        if mptcp:
+            mptcp_setup(lab.tb)
+        row = {"method": name, **summary([transfer(lab, dst, 5900 + t, mptcp) for t in range(a.trials)])}
+        print(json.dumps({x: row[x] for x in ("method", "gbps", "spurious_pct")}), flush=True)
+        rows.append(row)
+    for i in (0, 1):
+        lab.tb.exec(i, ["ip", "mptcp", "endpoint", "flush"], check=False)
+    return rows
+
+
+def mrc_rows(lab: Lab, a, evs: int, tag: str) -> list[dict]:
+    row = {"method": f"mrc, {evs} EVs per plane{tag}", "evs": evs, "spines": spines_of(lab),
+           **summary([transfer(lab, lab.overlay(1), 5950 + t) for t in range(a.trials)])}
+    print(json.dumps({x: row[x] for x in ("method", "spines", "gbps", "spurious_pct")}), flush=True)
+    rows = [row]
+    if a.ecn_rate:
+        # what a fabric that marks instead of queueing tells the sender
+        for i in (0, 1):
+            lab.tb.exec(i, ["sysctl", "-qw", "net.ipv4.tcp_ecn=1"])
+        for p in range(PLANES):
+            for s in range(SPINES):
+                for lf in (0, 1):
+                    lab.tb.link_ecn_mark(p, lf, s, direction="both", rate=a.ecn_rate)
+        row = {"method": f"mrc, {evs} EVs per plane{tag}, links mark CE above {a.ecn_rate}", "evs": evs,
+               "spines": row["spines"],
+               **summary([transfer(lab, lab.overlay(1), 5970 + t) for t in range(a.trials)])}
+        print(json.dumps({x: row[x] for x in ("method", "gbps", "spurious_pct")}), flush=True)
+        rows.append(row)
     return rows
 
 
@@ -155,6 +183,8 @@ def main() -> int:
     ap.add_argument("--link-rate", default="500mbit")
     ap.add_argument("--ecn-rate", default=None,
                     help="also run mrc with every fabric link marking CE above this rate (e.g. 450mbit)")
+    ap.add_argument("--ev-map", action="store_true",
+                    help="also run each EV count with ev_map.mode = auto (a second testbed)")
     ap.add_argument("--prefix", default="be")
     ap.add_argument("--out", default=str(REPO / "docs" / "benchmarks"))
     ap.add_argument("--tmp", default="/tmp/bench_evs")
@@ -168,7 +198,7 @@ def main() -> int:
     tmp.mkdir(parents=True, exist_ok=True)
     rows = run(a, tmp)
     if not a.no_write:
-        write(rows, a, Path(a.out), command("bench_evs.py", ap, a, ("evs", "trials", "link_rate", "ecn_rate")))
+        write(rows, a, Path(a.out), command("bench_evs.py", ap, a, ("evs", "trials", "link_rate", "ecn_rate", "ev_map")))
     return 0
 
 

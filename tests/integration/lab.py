@@ -109,6 +109,22 @@ class Lab:
                 raise AssertionError(f"paths not GOOD and resolved {timeout:.0f} s after up: {bad}")
             time.sleep(0.05)
 
+    def wait_ev_map(self, hosts=None, timeout: float = 15.0) -> dict[int, dict]:
+        """Wait until every plane of every peer of the given hosts is mapped
+        (`ev_map` in status; the routers' ICMP rate limit paces the traces).
+        Returns host -> its first peer's map."""
+        hosts = list(hosts if hosts is not None else self.tb.hosts())
+        deadline = time.monotonic() + timeout
+        while True:
+            peers = {i: json.loads(self.mrcctl(i, "status", "--json").stdout)["peers"] for i in hosts}
+            if all(p.get("ev_map") and all(v["state"] == "mapped" for v in p["ev_map"].values())
+                   for ps in peers.values() for p in ps):
+                return {i: ps[0]["ev_map"] for i, ps in peers.items()}
+            if time.monotonic() > deadline:
+                raise AssertionError(f"EV map not done {timeout:.0f} s after up: "
+                                     f"{ {i: [p.get('ev_map') for p in ps] for i, ps in peers.items()} }")
+            time.sleep(0.3)
+
     def unresolved(self, i: int) -> list[int]:
         """Slots of host i's configured paths without a next-hop MAC yet:
         `up` leaves them to the agent's neighbour task (mrc_tx sends them

@@ -5,9 +5,6 @@ following the ports in use."""
 
 from __future__ import annotations
 
-import json
-import time
-
 from lab import FAST_HEALTH, Lab
 from test_fabric_mrc import spine_tx
 
@@ -27,24 +24,13 @@ def _wire_evs(lab: Lab, i: int, peer: str) -> dict[str, list[int]]:
     return out
 
 
-def _mapped(lab: Lab, i: int) -> dict:
-    """The EV map of host i's peer, from its status."""
-    return json.loads(lab.mrcctl(i, "status", "--json").stdout)["peers"][0].get("ev_map", {})
-
-
 def test_each_planes_evs_are_spread_evenly_over_the_spines(tmp_path):
     with Lab(tmp_path, 2, PLANES, prefix="evm", evs=EVS, extra=FAST_HEALTH + EVMAP,
              fabric=dict(spines=2, leaves=2, link_rate="1gbit")) as lab:
         lab.up(settle=True)
         # the map of every plane of both hosts, within the routers' ICMP rate limits
-        deadline = time.monotonic() + 15
-        while True:
-            done = [_mapped(lab, i) for i in (0, 1)]
-            if all(len(d) == PLANES and all(v["state"] == "mapped" for v in d.values()) for d in done) \
-                    or time.monotonic() > deadline:
-                break
-            time.sleep(0.3)
-        assert all(len(d) == PLANES and all(v["state"] == "mapped" for v in d.values()) for d in done), done
+        done = lab.wait_ev_map()
+        assert all(len(d) == PLANES for d in done.values()), done
         for i in (0, 1):
             evs = _wire_evs(lab, i, f"h{1 - i}")
             for p in range(PLANES):
