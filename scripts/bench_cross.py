@@ -126,7 +126,7 @@ def run(a, tmp: Path) -> list[dict]:
     with Lab(tmp, 2, PLANES, prefix=a.prefix, evs=a.evs, fabric=fabric) as lab:
         lab.up(settle=True)
         paths = [x for x in lab.paths(0, "h1") if x["plane"] == "p0"]
-        spines = lab.tb.ev_spines(0, 0, 1, [x["ev"] for x in paths])
+        spines = lab.spines(0, 0, 1)
         spine = max(range(SPINES), key=lambda s: sum(1 for v in spines.values() if v == s))
         group = [x["id"] for x in paths]
         crossed = [x["id"] for x in paths if spines[x["ev"]] == spine]

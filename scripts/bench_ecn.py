@@ -100,8 +100,7 @@ def main() -> int:
     with Lab(Path(tempfile.mkdtemp(prefix="mrc-bench-ecn")), 2, 2, prefix=a.prefix, evs=4, extra=HEALTH,
              fabric=dict(spines=2, leaves=2, link_rate=a.link_rate)) as lab:
         lab.up(settle=True)
-        evs = [x["ev"] for x in lab.paths(0, "h1") if x["plane"] == "p0"]
-        spines = lab.tb.ev_spines(0, 0, 1, evs)
+        spines = lab.spines(0, 0, 1)
         spine = max((0, 1), key=lambda s: sum(1 for v in spines.values() if v == s))
         marked = {ev for ev, s in spines.items() if s == spine}
         lab.tb.exec(0, ["sysctl", "-qw", "net.ipv4.tcp_ecn=1"])

@@ -433,8 +433,8 @@ class Scenario:
             dev = tb.dev(0, 1, 1)
             return {p["id"] for p in paths if p["plane"] == dev}
         dev = tb.dev(0, 1, 0)
-        evs = [p["ev"] for p in paths if p["plane"] == dev]
-        across = set(tb.evs_across(0, tb.leaf_of(0), 0, 0, 1, evs))
+        # the fault is the link leaf 0 - spine 0; host 0 is on leaf 0
+        across = {ev for ev, s in lab.spines(0, 0, 1).items() if s == 0}
         return {p["id"] for p in paths if p["plane"] == dev and p["ev"] in across}
 
     def wait_all_good(self, timeout: float = 15) -> bool:

@@ -44,6 +44,11 @@ PERIOD_S = 0.05
 RETRY_S = 1.0
 TRIES = 4
 TRACES_PER_S = 400
+# planes traced at once; the others wait their turn, so thousands of peers
+# behind gateways cost this task the same per tick as a few
+ACTIVE = 64
+GATEWAYS_S = 1.0        # how often the gateways are compared with the map's
+WRITE_S = 1.0           # evmap.json at most this often
 REFRESH_S = 300.0
 EVMAP_FILE = "evmap.json"
 ICMP_TIME_EXCEEDED, ICMP6_TIME_EXCEEDED = 11, 3
@@ -98,6 +103,7 @@ class Job:
     peer: int
     ifindex: int
     gateway: str
+    daddr: str                              # the peer's address on this plane
     pids: list[int]                         # the plane's path ids
     configured: list[int]                   # their configured EVs
     ports: list[int]                        # configured first, then the other candidates
@@ -144,13 +150,19 @@ def setup(agent: agentmod.Agent) -> None:
 class EvMapper:
     def __init__(self, agent: agentmod.Agent):
         self.agent = agent
-        self.jobs: dict[tuple[int, int], Job] = {}
+        self.jobs: dict[tuple[int, int], Job] = {}  # (peer, ifindex) -> its latest map
+        self.active: dict[tuple[int, int], Job] = {}
+        self.waiting: dict[int, None] = {}          # peers to map, oldest first
+        self.by_trace: dict[tuple[str, int], Job] = {}   # (peer address, port) -> active job
         self.mapped: dict[int, tuple] = {}          # peer -> its gateways when mapped
         self.started: dict[int, float] = {}
         self.socks: dict[int, socket.socket] = {}   # ifindex -> AF_PACKET
         self.tokens = float(TRACES_PER_S) / 10
         self.last = time.monotonic()
+        self.checked = 0.0
+        self.written = 0.0
         self.dirty = False
+        self.peers = {p.index: p for p in agent.cfg.peers}
         self.file = agent.inst.run_dir / EVMAP_FILE
         self.icmp = []
         for fam, proto in ((socket.AF_INET, socket.IPPROTO_ICMP), (socket.AF_INET6, socket.IPPROTO_ICMPV6)):
@@ -167,53 +179,74 @@ class EvMapper:
 
     # ---------------------------------------------------------------- jobs
     def peers_changed(self, cfg, touched: set[int]) -> None:
-        for key in [k for k in self.jobs if k[0] in touched]:
-            del self.jobs[key]
+        self.peers = {p.index: p for p in cfg.peers}
         for i in touched:
+            self._drop(i)
             self.mapped.pop(i, None)
             self.started.pop(i, None)
+            self.waiting.pop(i, None)
+        self.checked = 0.0
         self.dirty = True
 
-    def _start(self, peer, gws: dict[int, str], ents) -> None:
+    def _drop(self, peer: int) -> None:
+        for key in [k for k in self.jobs if k[0] == peer]:
+            job = self.jobs.pop(key)
+            if self.active.pop(key, None) is not None:
+                for port in job.ports:
+                    self.by_trace.pop((job.daddr, port), None)
+
+    def _check(self, now: float) -> None:
+        """Queue the peers whose gateways differ from those of their map, or
+        whose map is older than REFRESH_S."""
+        self.checked = now
+        for i, gws in self.agent.gateways.items():
+            if i in self.waiting:
+                continue
+            if self.mapped.get(i) != tuple(sorted(gws.items())) or now - self.started.get(i, now) > REFRESH_S:
+                self.waiting[i] = None
+
+    def _start(self, peer, gws: dict[int, str], now: float) -> None:
+        _t, ents, _k = self.agent.entries_of(peer)
         depth = self.agent.cfg.ev_map.depth
         by_if: dict[int, list[int]] = {}
         for path in peer.paths:
             if path.id < len(ents):
                 by_if.setdefault(ents[path.id].ifindex, []).append(path.id)
-        for key in [k for k in self.jobs if k[0] == peer.index]:
-            del self.jobs[key]
+        self._drop(peer.index)
         for ifindex, gw in gws.items():
             pids = by_if.get(ifindex, [])
             if len(pids) < 2:
                 continue
             ports = candidates(peer, pids, self.agent.cfg.ev_map.candidates)
-            self.jobs[(peer.index, ifindex)] = Job(peer.index, ifindex, gw, pids,
-                                                   [p.ev for p in peer.paths if p.id in pids], ports,
-                                                   list(range(2, 2 + depth)))
+            job = Job(peer.index, ifindex, gw, ents[pids[0]].daddr, pids,
+                      [p.ev for p in peer.paths if p.id in pids], ports, list(range(2, 2 + depth)))
+            self.jobs[(peer.index, ifindex)] = self.active[(peer.index, ifindex)] = job
+            for port in ports:
+                self.by_trace[(job.daddr, port)] = job
         self.mapped[peer.index] = tuple(sorted(gws.items()))
-        self.started[peer.index] = time.monotonic()
+        self.started[peer.index] = now
         self.dirty = True
 
     def tick(self, now: float) -> float | None:
-        peers = {p.index: p for p in self.agent.cfg.peers}
-        for i, gws in list(self.agent.gateways.items()):
-            peer = peers.get(i)
-            if peer is None:
-                continue
-            if self.mapped.get(i) != tuple(sorted(gws.items())) or now - self.started.get(i, now) > REFRESH_S:
-                _t, ents, _k = self.agent.entries_of(peer)
-                self._start(peer, gws, ents)
+        if now - self.checked >= GATEWAYS_S:
+            self._check(now)
+        while self.waiting and len(self.active) < ACTIVE:
+            i = next(iter(self.waiting))
+            del self.waiting[i]
+            gws = self.agent.gateways.get(i)
+            if i in self.peers and gws:
+                self._start(self.peers[i], gws, now)
         self.tokens = min(TRACES_PER_S / 10, self.tokens + (now - self.last) * TRACES_PER_S)
         self.last = now
         out: dict[int, list[bytes]] = {}
-        for job in self.jobs.values():
-            if job.done or now < job.due:
+        for job in list(self.active.values()):
+            if now < job.due:
                 continue
             todo = job.pending()
             if not todo:
                 self._finish(job)
                 continue
-            peer = peers.get(job.peer)
+            peer = self._peer(job)
             if peer is None:
                 continue
             _t, ents, _k = self.agent.entries_of(peer)
@@ -235,13 +268,21 @@ class EvMapper:
             s = self._sock(ifindex)
             if s is not None:
                 netdev.send_frames(s.fileno(), frames)
-        if self.dirty:
+        if self.dirty and now - self.written >= WRITE_S:
             self._write()
+            self.written = now
         return None
+
+    def _peer(self, job: Job):
+        return self.peers.get(job.peer)
 
     def _finish(self, job: Job) -> None:
         job.done = True
-        peer = next((p for p in self.agent.cfg.peers if p.index == job.peer), None)
+        if self.active.pop((job.peer, job.ifindex), None) is not None:
+            for port in job.ports:
+                self.by_trace.pop((job.daddr, port), None)
+        self.dirty = True
+        peer = self._peer(job)
         if peer is None:
             return
         ports = balance(job.configured, job.sigs())
@@ -259,7 +300,6 @@ class EvMapper:
         log.info("EV map of %s via %s: %s%s", peer.name, job.gateway,
                  ", ".join(f"{p}->{'/'.join(h or '?' for h in sigs[p])}" for p in ports),
                  f" ({moved} EVs moved)" if moved else "")
-        self.dirty = True
 
     # ---------------------------------------------------------------- I/O
     def _sock(self, ifindex: int) -> socket.socket | None:
@@ -287,30 +327,19 @@ class EvMapper:
             got = parse_time_exceeded(pkt, s.family, port_no)
             if got is None:
                 continue
-            src, dst, sport, ttl = got
-            for job in self.jobs.values():
-                if job.done or sport not in job.ports:
-                    continue
-                peer_addr = self._peer_addr(job)
-                if peer_addr != dst:
-                    continue
-                t = ttl if ttl in job.ttls else (job.ttls[0] if len(job.ttls) == 1 else None)
-                if t is not None:
-                    job.answers[(sport, t)] = addr[0]
-                    if not job.pending():
-                        self._finish(job)
-
-    def _peer_addr(self, job: Job) -> str | None:
-        peer = next((p for p in self.agent.cfg.peers if p.index == job.peer), None)
-        if peer is None:
-            return None
-        _t, ents, _k = self.agent.entries_of(peer)
-        return ents[job.pids[0]].daddr
+            _src, dst, sport, ttl = got
+            job = self.by_trace.get((dst, sport))
+            if job is None:
+                continue
+            t = ttl if ttl in job.ttls else (job.ttls[0] if len(job.ttls) == 1 else None)
+            if t is not None:
+                job.answers[(sport, t)] = addr[0]
+                if not job.pending():
+                    self._finish(job)
 
     def _write(self) -> None:
         """evmap.json: per peer name and plane, the state and each port's hops."""
         self.dirty = False
-        names = {p.index: p.name for p in self.agent.cfg.peers}
         doc: dict = {}
         for job in self.jobs.values():
             try:
@@ -318,7 +347,8 @@ class EvMapper:
             except OSError:
                 dev = str(job.ifindex)
             sigs = job.sigs()
-            doc.setdefault(names.get(job.peer, str(job.peer)), {})[dev] = {
+            peer = self.peers.get(job.peer)
+            doc.setdefault(peer.name if peer else str(job.peer), {})[dev] = {
                 "state": "mapped" if job.done else "tracing",
                 "gateway": job.gateway,
                 "hops": {str(p): list(sigs[p]) for p in job.ports},

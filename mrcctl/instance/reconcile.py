@@ -397,20 +397,21 @@ def _apply(cfg, inst, nl, planes, mtu, digest, prior, neigh_wait: float = NEIGH_
 
 
 # EVs per plane that spread a peer behind gateways over a fabric's ECMP
-# paths: docs/fabric.md, "How many EVs" (8 and 16 alike there, 4 far less).
+# paths without the EV map: docs/fabric.md, "How many EVs" (8 and 16 alike
+# there, 4 far less).
 ROUTED_EVS = 8
 
 
 def few_evs_note(cfg: cfgmod.Config, hops: dict) -> str:
-    """A hint for peers reached through a gateway (a routed plane: a leaf
-    switch hashes each EV onto one of its uplinks) with fewer than
-    ROUTED_EVS EVs per plane: a few EVs often share one uplink and leave
-    another idle (on the fabric testbed one connection moved 0.91 Gbit/s
-    of 2 with 4 EVs per plane, 1.31 with 8, 1.25 with 16: medians of
-    scripts/bench_evs.py). A hint, not a default:
-    more paths cost CPU, and traffic to many peers at once spreads over the
-    links anyway (a 4-host allreduce there was faster with 4). hops:
-    (plane device, peer address) -> (ifindex, next hop)."""
+    """With the EV map off, a hint for peers reached through a gateway (a
+    routed plane: a leaf switch hashes each EV onto one of its uplinks) with
+    fewer than ROUTED_EVS EVs per plane: a few EVs often share one uplink
+    and leave another idle (scripts/bench_evs.py: one connection moved 0.61x
+    the capacity with 4 EVs per plane, 0.72x with 8, 0.83x with 16; the EV
+    map, on by default, spreads 4 evenly: 0.91x). hops: (plane device, peer
+    address) -> (ifindex, next hop)."""
+    if cfg.ev_map.mode != "off":
+        return ""
     routed = {a for (_, a), (_, hop) in hops.items() if hop != a}
     few = [p for p in cfg.peers if p.evs_per_plane < ROUTED_EVS and any(str(x.remote) in routed for x in p.paths)]
     if not few:

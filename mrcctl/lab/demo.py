@@ -110,19 +110,36 @@ class Demo:
                 msg = (cp.stderr.strip().splitlines() or ["failed"])[-1]
                 raise MrcError(f"demo: mrcctl up on {self.tb.ns(i)}: {msg}")
         if self.fabric:
-            evs = [p.ev for p in cfgmod.load(self.configs[0]).peers[0].paths
-                   if p.plane.device == f"p{self.fault_plane}"]
-            self.fault_spine, self.fault_evs = self.pick_fault_link(evs)
+            self.phase = "EV map"
+            wire = self.wire_evs()
+            self.fault_spine, self.fault_evs = self.pick_fault_link(wire)
 
-    def pick_fault_link(self, evs: list[int]) -> tuple[int, list[int]]:
+    def wire_evs(self, timeout: float = 10.0) -> dict[int, int]:
+        """h0's paths on the fault plane: EV (the path's name) -> the port
+        it uses on the wire, once h0's agent has mapped that plane (the EV
+        map moves EVs onto ports spread evenly over the spines; a map that
+        takes longer than `timeout` is taken as it stands)."""
+        dev = f"p{self.fault_plane}"
+        deadline = time.monotonic() + timeout
+        while True:
+            cp = self.mrcctl(0, "status", "--json", "-c", self.configs[0])
+            peer = json.loads(cp.stdout)["peers"][0] if cp.returncode == 0 else {}
+            state = peer.get("ev_map", {}).get(dev, {}).get("state")
+            if state == "mapped" or time.monotonic() > deadline:
+                return {x["ev"]: x.get("wire_ev", x["ev"]) for x in peer.get("paths", []) if x["plane"] == dev}
+            time.sleep(0.2)
+
+    def pick_fault_link(self, wire: dict[int, int]) -> tuple[int, list[int]]:
         """The spine whose link from leaf 0 some but not all of h0's EVs of
-        the fault plane cross (the fabric's hash decides, and it may put
-        every EV on one spine: a demo failing the other link showed no
-        failure at all); else one any EV crosses. (spine, those EVs)."""
-        across = [(s, self.tb.evs_across(self.fault_plane, 0, s, 0, 1, evs))
+        the fault plane cross (the fabric's hash of each EV's port on the
+        wire decides, and without the EV map it may put every EV on one
+        spine: a demo failing the other link showed no failure at all);
+        else one any EV crosses. (spine, the names of those EVs)."""
+        ports = {port: ev for ev, port in wire.items()}
+        across = [(s, sorted(ports[x] for x in self.tb.evs_across(self.fault_plane, 0, s, 0, 1, ports)))
                   for s in range(self.tb.n_spines)]
         for s, hit in across:
-            if 0 < len(hit) < len(evs):
+            if 0 < len(hit) < len(wire):
                 return s, hit
         return max(across, key=lambda a: (len(a[1]), a[0]))
 

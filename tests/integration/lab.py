@@ -104,22 +104,29 @@ class Lab:
                    if p["state"] != "GOOD"]
             bad += [(i, "no MAC", slot) for i in hosts for slot in self.unresolved(i)]
             if not bad:
-                return
+                break
             if time.monotonic() > deadline:
                 raise AssertionError(f"paths not GOOD and resolved {timeout:.0f} s after up: {bad}")
             time.sleep(0.05)
+        if isinstance(self.tb, Fabric) and 'mode = "off"' not in self.cfg_kw.get("extra", ""):
+            # the EV map moves EVs onto other ports once the spines have
+            # answered: what a test measures must start after that
+            self.wait_ev_map(hosts)
 
     def wait_ev_map(self, hosts=None, timeout: float = 15.0) -> dict[int, dict]:
-        """Wait until every plane of every peer of the given hosts is mapped
-        (`ev_map` in status; the routers' ICMP rate limit paces the traces).
-        Returns host -> its first peer's map."""
+        """Wait until every plane of the given hosts' peers on another leaf
+        is mapped (`ev_map` in status; the routers' ICMP rate limit paces
+        the traces; a peer on the same leaf has no spine to answer, and its
+        map ends unanswered, changing nothing). Returns host -> its first
+        such peer's map."""
         hosts = list(hosts if hosts is not None else self.tb.hosts())
         deadline = time.monotonic() + timeout
         while True:
-            peers = {i: json.loads(self.mrcctl(i, "status", "--json").stdout)["peers"] for i in hosts}
+            peers = {i: [p for p in json.loads(self.mrcctl(i, "status", "--json").stdout)["peers"]
+                         if self.tb.leaf_of(int(p["name"][1:])) != self.tb.leaf_of(i)] for i in hosts}
             if all(p.get("ev_map") and all(v["state"] == "mapped" for v in p["ev_map"].values())
                    for ps in peers.values() for p in ps):
-                return {i: ps[0]["ev_map"] for i, ps in peers.items()}
+                return {i: ps[0]["ev_map"] for i, ps in peers.items() if ps}
             if time.monotonic() > deadline:
                 raise AssertionError(f"EV map not done {timeout:.0f} s after up: "
                                      f"{ {i: [p.get('ev_map') for p in ps] for i, ps in peers.items()} }")
@@ -155,6 +162,15 @@ class Lab:
 
     def status(self, i: int) -> dict:
         return json.loads(self.mrcctl(i, "status", "--json").stdout)
+
+    def spines(self, p: int, i: int, j: int) -> dict[int, int | None]:
+        """Host i's paths to host j on fabric plane p: configured EV (the
+        path's name) -> the spine host i's leaf sends it through, the
+        kernel's answer for the port it uses on the wire (`wire_ev`: the EV
+        map may have moved it)."""
+        paths = [x for x in self.paths(i, f"h{j}") if x["plane"] == f"p{p}"]
+        wire = self.tb.ev_spines(p, i, j, [x["wire_ev"] for x in paths])
+        return {x["ev"]: wire[x["wire_ev"]] for x in paths}
 
     def paths(self, i: int, peer: str | None = None) -> list[dict]:
         snap = self.status(i)

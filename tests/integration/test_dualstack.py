@@ -262,9 +262,10 @@ def test_ipv6_tcp_over_a_narrow_link_learns_the_path_mtu(tmp_path):
                                 f'address = ["{lab.overlay(i)}/24", "{v6(i)}/64"]', 1)
             text = text.replace(f'overlay = "{lab.overlay(j)}"', f'overlay = ["{lab.overlay(j)}", "{v6(j)}"]', 1)
             lab.configs[i].write_text(text)
-        lab.up()
-        evs = [x["ev"] for x in lab.paths(0, "h1")]
-        across = lab.tb.evs_across(0, 0, 1, 0, 1, evs)
+        lab.up(settle=True)
+        spines = lab.spines(0, 0, 1)
+        evs = list(spines)
+        across = [ev for ev, s in spines.items() if s == 1]      # the link leaf 0 - spine 1
         assert 0 < len(across) < len(evs), "some EVs, not all, must cross the narrow link"
         lab.tb.link_mtu(0, 0, 1, SMALL)
         before = drops(lab, 0)

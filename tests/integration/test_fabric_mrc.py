@@ -26,7 +26,7 @@ def lab(request, tmp_path_factory):
     host port, whose leaf peer carries an XDP_PASS program (lab/fabric.py)."""
     with Lab(tmp_path_factory.mktemp("fabric"), 2, PLANES, prefix=f"fm9{request.param[0]}", evs=EVS,
              extra=HEALTH, fabric=dict(spines=2, leaves=2, link_rate="1gbit"), rx_hook=request.param) as lab:
-        lab.up()
+        lab.up(settle=True)
         yield lab
 
 
@@ -45,11 +45,10 @@ def test_transfer_crosses_the_spines_its_evs_hash_to(lab):
     s, r = lab.transfer(0, 1, "48M", port=5601)
     assert s["sha256"] == r["sha256"] and s["bytes"] == r["bytes"] == 48 << 20
     moved = {k: v - before[k] for k, v in spine_tx(lab).items()}
-    paths = lab.paths(0, "h1")
     for p in range(PLANES):
-        evs = [x["ev"] for x in paths if x["plane"] == f"p{p}"]
+        spines = lab.spines(p, 0, 1)
+        evs = list(spines)
         assert len(evs) == EVS
-        spines = lab.tb.ev_spines(p, 0, 1, evs)
         for spine in (0, 1):
             share = sum(1 for ev in evs if spines[ev] == spine) / EVS
             plane_total = moved[(p, 0)] + moved[(p, 1)]
@@ -140,8 +139,7 @@ def test_ce_marked_on_one_link_reaches_the_inner_tcp_and_is_counted_on_its_evs(l
     """RFC 6040 end to end: a marking link on plane 0 (leaf 0 -> spine s);
     the receiver counts CE on exactly the EVs the leaf hashes across it, and
     the sender's TCP hears of the congestion (ECE: TcpExtTCPDeliveredCE)."""
-    evs = [x["ev"] for x in lab.paths(0, "h1") if x["plane"] == "p0"]
-    spines = lab.tb.ev_spines(0, 0, 1, evs)
+    spines = lab.spines(0, 0, 1)
     spine = max((0, 1), key=lambda s: sum(1 for v in spines.values() if v == s))
     marked = {ev for ev, s in spines.items() if s == spine}
     lab.tb.exec(0, ["sysctl", "-qw", "net.ipv4.tcp_ecn=1"])
@@ -166,9 +164,7 @@ def test_traffic_moves_off_the_evs_of_a_marking_link(lab):
     those EVs over and its weights give them less of the plane, so they
     carry far less than the others; with weights.ecn_hold_us = 0 in the same
     run they carry their share."""
-    paths = lab.paths(0, "h1")
-    evs = [x["ev"] for x in paths if x["plane"] == "p0"]
-    spines = lab.tb.ev_spines(0, 0, 1, evs)
+    spines = lab.spines(0, 0, 1)
     spine = max((0, 1), key=lambda s: sum(1 for v in spines.values() if v == s))
     marked = {ev for ev, s in spines.items() if s == spine}
 
@@ -218,13 +214,12 @@ def _split_plane(lab: Lab, p: int) -> dict[int, int]:
     """The EVs of host 0's paths on plane p -> the spine leaf 0 sends each
     through, over both spines: the leaf's hash seed is moved until it is
     (the kernel seeds it at random, and 4 EVs all take one spine 1 time in 8)."""
-    evs = [x["ev"] for x in lab.paths(0, "h1") if x["plane"] == f"p{p}"]
     for seed in range(1, 65):
-        spines = lab.tb.ev_spines(p, 0, 1, evs)
+        spines = lab.spines(p, 0, 1)
         if len(set(spines.values())) == 2:
             return spines
         lab.tb.router_exec(lab.tb.leaf_ns(p, 0), ["sysctl", "-qw", f"net.ipv4.fib_multipath_hash_seed={seed}"])
-    raise AssertionError(f"no seed of 64 split {evs} over both spines")
+    raise AssertionError(f"no seed of 64 split {list(spines)} over both spines")
 
 
 def test_traffic_leaves_the_evs_of_a_slow_link_and_comes_back_when_it_clears(lab):

@@ -229,16 +229,19 @@ def test_units_cross_whole_only_over_on_link_tc_veths():
 
 
 def test_up_hints_at_more_evs_for_peers_behind_gateways():
-    """A peer reached through a gateway (a leaf switch hashing EVs onto its
-    uplinks) with few EVs per plane gets a hint in `up`'s line; on-link
-    peers and peers with enough EVs do not."""
+    """With the EV map off, a peer reached through a gateway (a leaf switch
+    hashing EVs onto its uplinks) with few EVs per plane gets a hint in
+    `up`'s line; on-link peers, peers with enough EVs and the default (the
+    EV map spreads the EVs) do not."""
     from mrcctl.instance.reconcile import ROUTED_EVS, few_evs_note
+    off = '[ev_map]\nmode = "off"'
     on_link = {("p0", "10.0.0.2"): (3, "10.0.0.2")}
     routed = {("p0", "10.0.0.2"): (3, "10.0.0.1")}
-    assert few_evs_note(parse(), on_link) == ""
-    note = few_evs_note(parse(), routed)
+    assert few_evs_note(parse("", off), on_link) == ""
+    note = few_evs_note(parse("", off), routed)
     assert "peer b behind gateways with 4 EVs per plane" in note and "docs/fabric.md" in note
-    assert few_evs_note(parse(f"evs_per_plane = {ROUTED_EVS}"), routed) == ""
+    assert few_evs_note(parse(f"evs_per_plane = {ROUTED_EVS}", off), routed) == ""
+    assert parse().ev_map.mode == "auto" and few_evs_note(parse(), routed) == ""
 
 
 def test_a_full_shaper_delivers_its_rate():
