@@ -30,7 +30,6 @@ import logging
 import os
 import socket
 import struct
-import time
 from dataclasses import dataclass, field
 
 from ..datapath import abi as wire
@@ -44,11 +43,13 @@ PERIOD_S = 0.05
 RETRY_S = 1.0
 TRIES = 4
 TRACES_PER_S = 400
-# planes traced at once; the others wait their turn, so thousands of peers
-# behind gateways cost this task the same per tick as a few
+# planes traced at once (a peer's planes start together: one peer's more at
+# most); the others wait their turn, so thousands of peers behind gateways
+# cost this task the same per tick as a few
 ACTIVE = 64
 GATEWAYS_S = 1.0        # how often the gateways are compared with the map's
 WRITE_S = 1.0           # evmap.json at most this often
+NO_SOCK_S = 10.0        # a device without a packet socket is tried again after this
 REFRESH_S = 300.0
 EVMAP_FILE = "evmap.json"
 ICMP_TIME_EXCEEDED, ICMP6_TIME_EXCEEDED = 11, 3
@@ -157,8 +158,9 @@ class EvMapper:
         self.mapped: dict[int, tuple] = {}          # peer -> its gateways when mapped
         self.started: dict[int, float] = {}
         self.socks: dict[int, socket.socket] = {}   # ifindex -> AF_PACKET
+        self.no_sock: dict[int, float] = {}         # ifindex -> when to try again
         self.tokens = float(TRACES_PER_S) / 10
-        self.last = time.monotonic()
+        self.last: float | None = None         # the clock of the last tick
         self.checked = 0.0
         self.written = 0.0
         self.dirty = False
@@ -236,7 +238,7 @@ class EvMapper:
             gws = self.agent.gateways.get(i)
             if i in self.peers and gws:
                 self._start(self.peers[i], gws, now)
-        self.tokens = min(TRACES_PER_S / 10, self.tokens + (now - self.last) * TRACES_PER_S)
+        self.tokens = min(TRACES_PER_S / 10, self.tokens + (now - (self.last or now)) * TRACES_PER_S)
         self.last = now
         out: dict[int, list[bytes]] = {}
         for job in list(self.active.values()):
@@ -265,7 +267,7 @@ class EvMapper:
                 out.setdefault(job.ifindex, []).append(bytes(frame))
             job.due = now + RETRY_S
         for ifindex, frames in out.items():
-            s = self._sock(ifindex)
+            s = self._sock(ifindex, now)
             if s is not None:
                 netdev.send_frames(s.fileno(), frames)
         if self.dirty and now - self.written >= WRITE_S:
@@ -302,15 +304,25 @@ class EvMapper:
                  f" ({moved} EVs moved)" if moved else "")
 
     # ---------------------------------------------------------------- I/O
-    def _sock(self, ifindex: int) -> socket.socket | None:
+    def _sock(self, ifindex: int, now: float) -> socket.socket | None:
         s = self.socks.get(ifindex)
         if s is None:
+            # a device that failed is tried again only after a while: closing
+            # a packet socket waits for an RCU grace period (~10 ms)
+            if now < self.no_sock.get(ifindex, 0.0):
+                return None
             try:
                 s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
-                s.bind((socket.if_indextoname(ifindex), 0))
+                try:
+                    s.bind((socket.if_indextoname(ifindex), 0))
+                except OSError:
+                    s.close()
+                    raise
                 s.setblocking(False)
             except OSError as e:
-                log.warning("EV map: cannot send on ifindex %d: %s", ifindex, e)
+                if ifindex not in self.no_sock:
+                    log.warning("EV map: cannot send on ifindex %d: %s", ifindex, e)
+                self.no_sock[ifindex] = now + NO_SOCK_S
                 return None
             self.socks[ifindex] = s
         return s
@@ -324,18 +336,23 @@ class EvMapper:
                 return
             except OSError:
                 return
-            got = parse_time_exceeded(pkt, s.family, port_no)
-            if got is None:
-                continue
-            _src, dst, sport, ttl = got
-            job = self.by_trace.get((dst, sport))
-            if job is None:
-                continue
-            t = ttl if ttl in job.ttls else (job.ttls[0] if len(job.ttls) == 1 else None)
-            if t is not None:
-                job.answers[(sport, t)] = addr[0]
-                if not job.pending():
-                    self._finish(job)
+            self.answer(pkt, s.family, addr[0], port_no)
+
+    def answer(self, pkt: bytes, family: int, router: str, port_no: int) -> None:
+        """One ICMP packet from `router`: the answer to a trace of ours, or
+        nothing to do with us."""
+        got = parse_time_exceeded(pkt, family, port_no)
+        if got is None:
+            return
+        _src, dst, sport, ttl = got
+        job = self.by_trace.get((dst, sport))
+        if job is None:
+            return
+        t = ttl if ttl in job.ttls else (job.ttls[0] if len(job.ttls) == 1 else None)
+        if t is not None:
+            job.answers[(sport, t)] = router
+            if not job.pending():
+                self._finish(job)
 
     def _write(self) -> None:
         """evmap.json: per peer name and plane, the state and each port's hops."""
