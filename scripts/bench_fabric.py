@@ -219,8 +219,7 @@ def main() -> int:
                      "ompi": ompi.split()[-1] if ompi else "?"}
     with Lab(tmp, a.hosts, a.planes, prefix=a.prefix, evs=a.evs,
              fabric=dict(spines=a.spines, leaves=2, link_rate=a.link_rate)) as lab:
-        lab.up()
-        time.sleep(1.0)
+        lab.up(settle=True)       # every path GOOD and the fabric mapped (Lab.settle)
         for name, btl_if in methods(a.planes).items():
             if name not in a.runs.split(","):
                 continue
