@@ -30,7 +30,7 @@ FULL_S = 10.0          # a dump and every route asked again at least this often,
 EVENT_DELAY_S = 0.02   # a look this long after the kernel's event: the rest of a burst arrives first
 SOL_NETLINK, NETLINK_ADD_MEMBERSHIP = 270, 1
 RTNLGRP_NEIGH, RTNLGRP_IPV4_ROUTE, RTNLGRP_IPV6_ROUTE, RTNLGRP_NEXTHOP = 3, 7, 11, 32
-RTM_NEWROUTE, RTM_DELROUTE, RTM_NEWNEIGH, RTM_DELNEIGH = 24, 25, 28, 29
+RTM_DELROUTE, RTM_NEWNEIGH, RTM_DELNEIGH = 25, 28, 29
 ALL = "all"            # changed["route"]: every route may have moved (else a list of the networks that did)
 ROUTES_MAX = 64        # more changed networks than this between two looks count as ALL
 _AT = wire.Path.offsets()
@@ -216,7 +216,7 @@ def _monitor(agent: agentmod.Agent, changed: dict, task: list):
                 if mtype in (RTM_NEWNEIGH, RTM_DELNEIGH):
                     changed["neigh"] = True
                 else:       # a route, or a nexthop object (any route may use it)
-                    net = _route_dst(buf, start, end) if mtype in (RTM_NEWROUTE, RTM_DELROUTE) else None
+                    net = _route_dst(buf, start, end) if mtype in (topology.RTM_NEWROUTE, RTM_DELROUTE) else None
                     if net is None or changed["route"] == ALL or len(changed["route"] or ()) >= ROUTES_MAX:
                         changed["route"] = ALL
                     else:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import os
 import time
 from contextlib import suppress
 
@@ -286,8 +287,9 @@ def add_peer(dp: Datapath, nl, cfg: cfgmod.Config, p: cfgmod.Peer, by_dev: dict,
         dp.map("mrc_ovl_owner").update(wire.OvlKey.of(net).pack(), wire.u32(p.index))
     for net in p.owned():
         dp.map("mrc_peer_ip").update(wire.OvlKey.of(net).pack(), wire.u32(p.index))
-    for net in p.owned():
-        nl.route_replace(str(net), cfg.overlay_device, cfg.rto_min_ms)
+    failed = nl.routes_replace([str(net) for net in p.owned()], cfg.overlay_device, cfg.rto_min_ms)
+    if failed:
+        raise MrcError(f"route {failed[0][0]}: {os.strerror(failed[0][1])}")
 
 
 def remove_peer(dp: Datapath, nl, overlay_device: str, overlay: str, index: int) -> list[str]:

@@ -190,20 +190,13 @@ class Netlink:
         return True
 
     # ------------------------------------------------------------ routes
-    def route_replace(self, dst: str, device: str, rto_min_ms: int = 0) -> None:
-        """Route `dst` out of `device`; rto_min_ms > 0 also gives TCP over
-        it that RTO floor (the locked route metric, `ip route ... rto_min`;
-        0 replaces the route without it, so TCP keeps its own)."""
-        kw = {"metrics": {"lock": 1 << RTAX_RTO_MIN, "rto_min": rto_min_ms}} if rto_min_ms else {}
-        if ":" in dst:
-            self.ipr.route("replace", dst=dst, oif=self.index(device), family=socket.AF_INET6, **kw)
-        else:
-            self.ipr.route("replace", dst=dst, oif=self.index(device), scope="link", **kw)
-
     def routes_replace(self, dsts: list[str], device: str, rto_min_ms: int = 0) -> list[tuple[str, int]]:
-        """route_replace for many routes at once (RTM_NEWROUTE batched on one
-        socket: one pyroute2 request per route was 1.5 s for 4,096 peers);
-        returns (route, errno) of those that failed."""
+        """Route each of `dsts` out of `device`, as `ip route replace DST dev
+        DEVICE [scope link]` would; rto_min_ms > 0 also gives TCP over them
+        that RTO floor (the locked route metric, `rto_min lock`; 0 replaces
+        a route without it, so TCP keeps its own). One RTM_NEWROUTE batch
+        on one socket (one pyroute2 request per route was 1.5 s for 4,096
+        peers); returns (route, errno) of those that failed."""
         idx = self.index(device)
         if idx is None:
             return [(d, errno.ENODEV) for d in dsts]
@@ -218,13 +211,13 @@ class Netlink:
                                      _RTPROT_STATIC, 0 if v6 else _RT_SCOPE_LINK, _RTN_UNICAST, 0)
                           + netdev.nla(RTA_DST, net.network_address.packed)
                           + netdev.nla(_RTA_OIF, struct.pack("=I", idx)) + metrics)
-        answers = netdev.rtnl_batch(_RTM_NEWROUTE, bodies, netdev.F_ACK | netdev.F_CREATE | netdev.F_REPLACE)
+        answers = netdev.rtnl_batch(RTM_NEWROUTE, bodies, netdev.F_ACK | netdev.F_CREATE | netdev.F_REPLACE)
         return [(d, a) for d, a in zip(dsts, answers) if a]
 
     def route_delete(self, dst: str, device: str) -> None:
         idx = self.index(device)
         if idx is not None:
-            # IPv4: the scope route_replace gave it, without it the kernel
+            # IPv4: the scope routes_replace gave it, without it the kernel
             # finds no such route (ESRCH) and the route stayed; IPv6 has none
             kw = {"family": socket.AF_INET6} if ":" in dst else {"family": socket.AF_INET, "scope": "link"}
             with suppress(NetlinkError):
@@ -484,7 +477,7 @@ _NDMSG = struct.Struct("=BxxxiHBB")
 
 
 _ADDR_NAMES: dict[bytes, str] = {}     # neighbour_table's address texts
-_RTM_GETROUTE, _RTM_NEWROUTE = 26, 24
+_RTM_GETROUTE, RTM_NEWROUTE = 26, 24
 RTMSG = struct.Struct("=BBBBBBBBI")      # struct rtmsg
 RTA_DST, _RTA_OIF, _RTA_GATEWAY, _RTA_VIA, _RTA_METRICS = 1, 4, 5, 18, 8
 _RTAX_LOCK = 1

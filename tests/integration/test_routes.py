@@ -1,7 +1,7 @@
 """Next hops asked of the kernel in one batch (topology.next_hops): what the
 agent and `up` use to put a gateway's MAC on every frame toward a peer
 behind it; and the peers' routes added in one batch (routes_replace), the
-same routes one request each gives. Real routes in a namespace of the
+same routes iproute2 gives one `ip route replace` each. Real routes in a namespace of the
 test's own."""
 
 from __future__ import annotations
@@ -75,20 +75,23 @@ def test_more_lookups_than_one_send_all_answered_in_order(ns):
 REPLACE = """
 import json, sys
 from mrcctl.instance import topology
-how, dev, rto, dsts = json.loads(sys.stdin.read())
+dev, rto, dsts = json.loads(sys.stdin.read())
 with topology.Netlink() as nl:
-    if how == "one":
-        for d in dsts:
-            nl.route_replace(d, dev, rto)
-        print("[]")
-    else:
-        print(json.dumps(nl.routes_replace(dsts, dev, rto)))
+    print(json.dumps(nl.routes_replace(dsts, dev, rto)))
 """
 
 
-def replace(how: str, dev: str, rto: int, dsts: list[str]) -> list:
+def ip_replace(dev: str, rto: int, dsts: list[str]) -> None:
+    """The same routes by iproute2, one `ip route replace` each: the reference."""
+    lock = f" rto_min {rto}ms" if rto else ""   # iproute2 locks it
+    cmds = "".join(f"route replace {d} dev {dev} proto static{'' if ':' in d else ' scope link'}{lock}\n"
+                   for d in dsts)
+    subprocess.run(["ip", "-n", NS, "-batch", "-"], input=cmds, text=True, check=True)
+
+
+def replace(dev: str, rto: int, dsts: list[str]) -> list:
     r = subprocess.run(["ip", "netns", "exec", NS, sys.executable, "-c", REPLACE],
-                       input=json.dumps([how, dev, rto, dsts]), capture_output=True, text=True, check=True,
+                       input=json.dumps([dev, rto, dsts]), capture_output=True, text=True, check=True,
                        cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     return json.loads(r.stdout)
 
@@ -110,7 +113,7 @@ def test_routes_added_in_one_batch_are_the_routes_added_one_at_a_time(ns, rto):
     try:
         ip("link", "set", "ov1", "up")
         ip("link", "set", "ov2", "up")
-        assert replace("one", "ov1", rto, dsts) == []
+        ip_replace("ov1", rto, dsts)
         one = routes_on("ov1")
         assert len(one) == len(dsts) and all(("rto_min lock 200ms" in ln) == bool(rto) for ln in one), one[:3]
         ip("link", "set", "ov2", "down")     # flushes ov1's routes (no carrier)
@@ -118,12 +121,12 @@ def test_routes_added_in_one_batch_are_the_routes_added_one_at_a_time(ns, rto):
         ip("link", "set", "ov1", "up")
         ip("link", "set", "ov2", "up")
         assert routes_on("ov1") == []
-        assert replace("batch", "ov1", rto, dsts) == []
+        assert replace("ov1", rto, dsts) == []
         assert routes_on("ov1") == one
-        assert replace("batch", "ov1", rto, dsts) == [] and routes_on("ov1") == one     # replaced, not added
+        assert replace("ov1", rto, dsts) == [] and routes_on("ov1") == one     # replaced, not added
         # a failure names its route and the errno: a device that is down takes no IPv4 route
         ip("link", "set", "ov1", "down")
-        failed = replace("batch", "ov1", rto, ["172.31.200.1/32"])
+        failed = replace("ov1", rto, ["172.31.200.1/32"])
         assert failed == [["172.31.200.1/32", 100]], failed       # ENETDOWN
     finally:
         subprocess.run(["ip", "-n", NS, "link", "del", "ov1"], check=False)

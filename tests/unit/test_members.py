@@ -32,8 +32,9 @@ class Routes:
     def __init__(self):
         self.routes: set[str] = set()
 
-    def route_replace(self, dst, dev, rto_min_ms=0):
-        self.routes.add(dst)
+    def routes_replace(self, dsts, dev, rto_min_ms=0):
+        self.routes.update(dsts)
+        return []
 
     def route_delete(self, dst, dev):
         self.routes.discard(dst)
