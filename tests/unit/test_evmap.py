@@ -35,13 +35,16 @@ def test_an_unanswered_path_keeps_its_port_and_deeper_hops_count_next():
     assert {sigs[p] for p in out[:2]} in ({("a", "x"), ("b", "y")}, {("a", "z"), ("b", "y")})
 
 
-def _time_exceeded(ttl_tag: int, sport: int, dport: int) -> bytes:
+def _time_exceeded(ttl_tag: int, sport: int, dport: int = 4794, src: str = "10.100.0.2",
+                   dst: str = "10.100.1.2") -> bytes:
+    """An IPv4 ICMP time exceeded from a spine to src, quoting a trace from
+    src (its IP ID ttl_tag) to dst."""
     q_ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 56, ttl_tag, 0x4000, 1, 17, 0,
-                       socket.inet_aton("10.100.0.2"), socket.inet_aton("10.100.1.2"))
+                       socket.inet_aton(src), socket.inet_aton(dst))
     q = q_ip + struct.pack("!HHHH", sport, dport, 36, 0) + wire.encode_mrc_hdr(wire.MsgType.TRACE)
     icmp = bytes([11, 0, 0, 0, 0, 0, 0, 0]) + q
     ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(icmp), 0, 0, 63, 1, 0,
-                     socket.inet_aton("10.150.1.2"), socket.inet_aton("10.100.0.2"))
+                     socket.inet_aton("10.150.1.2"), socket.inet_aton(src))
     return ip + icmp
 
 
@@ -103,15 +106,6 @@ class _Agent:
         self.written[key] = wire.Path.unpack(raw).ev
 
 
-def _answer(ttl_tag: int, sport: int, src: str, dst: str) -> bytes:
-    q_ip = struct.pack("!BBHHHBBH4s4s", 0x45, 0, 56, ttl_tag, 0x4000, 1, 17, 0,
-                       socket.inet_aton(src), socket.inet_aton(dst))
-    q = q_ip + struct.pack("!HHHH", sport, 4794, 36, 0) + wire.encode_mrc_hdr(wire.MsgType.TRACE)
-    icmp = bytes([11, 0, 0, 0, 0, 0, 0, 0]) + q
-    return struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + len(icmp), 0, 0, 63, 1, 0,
-                       socket.inet_aton("10.150.1.2"), socket.inet_aton(src)) + icmp
-
-
 def test_thousands_of_peers_are_mapped_a_bounded_number_at_a_time(tmp_path):
     from mrcctl.agent import evmap
     cfg = _cfg(1000)
@@ -130,13 +124,13 @@ def test_thousands_of_peers_are_mapped_a_bounded_number_at_a_time(tmp_path):
     for port in job.configured[:3]:
         spine[port] = "10.150.0.2"
     for port in job.ports:
-        m.answer(_answer(evmap.TAG | 2, port, job.daddr, job.daddr), socket.AF_INET, spine[port], cfg.udp_port)
+        m.answer(_time_exceeded(evmap.TAG | 2, port, src="10.9.9.9", dst=job.daddr), socket.AF_INET, spine[port], cfg.udp_port)
     assert job.done and (0, IFX["p0"]) not in m.active
     moved = {key: ev for key, ev in agent.written.items()}
     assert len(moved) == 1 and sorted(spine[p] for p in job.result.values()).count("10.150.0.2") == 2
     # an answer naming another peer's address, or one no trace asked, changes nothing
     other = m.active[(1, IFX["p0"])]
-    m.answer(_answer(evmap.TAG | 2, other.ports[0], "10.0.0.99", "10.0.0.99"), socket.AF_INET,
+    m.answer(_time_exceeded(evmap.TAG | 2, other.ports[0], src="10.9.9.9", dst="10.0.0.99"), socket.AF_INET,
              "10.150.0.2", cfg.udp_port)
     assert not other.answers
     # the freed slot goes to the next peer in line on the next tick (all of
