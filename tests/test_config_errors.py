@@ -109,6 +109,10 @@ CONFIGS = [
      "overlay.rto_min_ms: 5000 is out of range 0..1000"),
     ("rto-min-float", sub('device = "mrc0"', 'device = "mrc0"\nrto_min_ms = 2.5'),
      "overlay.rto_min_ms: must be an integer, not 2.5"),
+    ("min-rtt-wlen-too-large", sub('device = "mrc0"', 'device = "mrc0"\ntcp_min_rtt_wlen = 100000'),
+     "overlay.tcp_min_rtt_wlen: 100000 is out of range 0..86400"),
+    ("min-rtt-wlen-word", sub('device = "mrc0"', 'device = "mrc0"\ntcp_min_rtt_wlen = "off"'),
+     "overlay.tcp_min_rtt_wlen: 'off' is neither \"keep\" nor a number of seconds"),
     ("mtu-too-small", sub('device = "mrc0"', 'device = "mrc0"\nmtu = 500'),
      "overlay.mtu: 500 is out of range 576..65459"),
     ("mtu-string", sub('device = "mrc0"', 'device = "mrc0"\nmtu = "1400"'),
@@ -257,6 +261,7 @@ def snapshot(tb: Testbed) -> dict:
     return {"links": links, "addrs": j("addr", "show"), "routes": j("route", "show", "table", "all"),
             "rp_filter": {d: tb.exec(0, ["sysctl", "-n", f"net.ipv4.conf.{d}.rp_filter"]).stdout
                           for d in ("p0h1", "p1h1", "all")},
+            "tcp_min_rtt_wlen": tb.exec(0, ["sysctl", "-n", "net.ipv4.tcp_min_rtt_wlen"]).stdout,
             "instances": sorted(p.name for p in inst.glob(f"ns{inode}-*")) if inst.exists() else []}
 
 

@@ -145,6 +145,9 @@ MARK_REL = 0.25         # marked this much more often than a sibling: a congeste
 EV_Q_SAT_US = 1000.0    # an EV's own queue this long says its link is full: TCP sprayed over
                         # paths of unequal delay backs off on the reordering, and a congested
                         # link's queue stood at 1.5-2 ms (the sampling spread without one: 0.1-0.4)
+EV_Q_UNITS = 1.0        # ... or, where longer, the time a spraying unit takes at an even share
+                        # of the plane's EVs (ev_q_sat): units queue behind each other on slow
+                        # links without any link being full
 
 
 @dataclass
@@ -308,9 +311,22 @@ def _least(xs: list[float | None]) -> float | None:
     return min(seen) if seen else None
 
 
+def ev_q_sat(d: list[float], unit: int) -> float:
+    """The own queue (µs) that says an EV's link is full, for one plane's
+    EVs sending d bytes/s each: EV_Q_SAT_US, or EV_Q_UNITS units of `unit`
+    bytes at their mean rate where that is longer. On a slow link a unit
+    sent beside another on the same link waits the other's whole length:
+    at 200 Mbit/s per link a 32 KiB unit takes 1.3 ms, and 1-2 ms echoes
+    came and went on random EVs of an evenly loaded fabric; chasing them
+    moved share between links every few intervals and doubled TCP's
+    spurious retransmissions (docs/fabric.md, "Per-EV weights")."""
+    mean = sum(d) / len(d) if d else 0.0
+    return max(EV_Q_SAT_US, EV_Q_UNITS * unit / mean * 1e6) if mean > 0 else EV_Q_SAT_US
+
+
 def split_evs(w: list[float], c: list[float | None], d: list[float], q_own: list[float | None],
               sent: list[int], usable: list[bool], idle: list[int],
-              min_weight: float) -> tuple[list[float], list[float | None]] | None:
+              min_weight: float, q_sat: float = EV_Q_SAT_US) -> tuple[list[float], list[float | None]] | None:
     """One step of a plane's split over its EVs (pure, unit-tested): the
     plane law (step_capacity) applied to the EVs, whose capacities are those
     of the fabric links their hashes cross. `w` are the EVs' shares of the
@@ -319,10 +335,10 @@ def split_evs(w: list[float], c: list[float | None], d: list[float], q_own: list
     their share for when they come back. None when no EV has a queue of its
     own: nothing to learn (a plane whose first hop is the bottleneck, or no
     bottleneck at all), and moving weight would only move traffic."""
-    if not any(x is not None and x > EV_Q_SAT_US for x in q_own):
+    if not any(x is not None and x > q_sat for x in q_own):
         return None
     c = step_capacity(c, d, q_own, sent, usable, idle, probe=EV_PROBE, probe_after=EV_PROBE_AFTER,
-                      q_sat=EV_Q_SAT_US)
+                      q_sat=q_sat)
     # an EV not yet estimated (no fresh echo while a sibling queued) keeps its share too
     known = [u and x is not None for u, x in zip(usable, c)]
     target = shares(c, known, min_weight)
@@ -345,11 +361,21 @@ def shares(c: list[float | None], usable: list[bool], min_weight: float) -> list
     return [x / s for x in out]
 
 
+def overlay_unit(cfg: cfgmod.Config) -> int:
+    """The spraying unit: the overlay's gso_max_size as `up` set it (sysfs),
+    else what the config would pick where units do not cross whole."""
+    try:
+        return int(open(f"/sys/class/net/{cfg.overlay_device}/gso_max_size").read())
+    except (OSError, ValueError):
+        return cfg.spray_unit()
+
+
 class Controller:
     """Adaptive weights for every peer of one instance (runs in the agent)."""
 
     def __init__(self, cfg: cfgmod.Config, dp, trace: str | None = None):
         self.cfg, self.dp = cfg, dp
+        self.unit = overlay_unit(cfg)
         # MRC_WEIGHTS_TRACE=FILE: one JSON line per control step (benchmarks, debugging)
         self.trace = open(trace, "a", buffering=1) if trace else None
         self.peers: dict[int, _PeerState] = {}
@@ -651,10 +677,12 @@ class Controller:
                      for a, b in zip(now_q, [st.ev_q[i] for i in g])]
             for k, i in enumerate(g):
                 st.ev_q[i] = now_q[k] if now_q[k] is not None else st.ev_q[i]
-            q_own = with_marks(q_own, [marks[i] for i in g], EV_Q_SAT_US)
-            out = split_evs([st.ev_w[i] for i in g], [st.ev_c[i] for i in g],
-                            [st.ev_d[i] or 0.0 for i in g], q_own, [sent[i] for i in g],
-                            [usable[i] for i in g], idle, self.cfg.weights.min_weight)
+            d = [st.ev_d[i] or 0.0 for i in g]
+            q_sat = ev_q_sat(d, self.unit)
+            q_own = with_marks(q_own, [marks[i] for i in g], q_sat)
+            out = split_evs([st.ev_w[i] for i in g], [st.ev_c[i] for i in g], d, q_own,
+                            [sent[i] for i in g], [usable[i] for i in g], idle,
+                            self.cfg.weights.min_weight, q_sat)
             for k, i in enumerate(g):
                 st.ev_idle[i] = idle[k]
             if out is None:
@@ -665,7 +693,7 @@ class Controller:
             if self.trace:
                 self.trace.write(json.dumps({
                     "t": round(now, 4), "pid": os.getpid(), "peer": peer.name, "paths": g,
-                    "q_own": [None if x is None else round(x) for x in q_own],
+                    "q_own": [None if x is None else round(x) for x in q_own], "q_sat": round(q_sat),
                     "d_mbit": [round((st.ev_d[i] or 0.0) * 8e-6, 1) for i in g],
                     "ev_w": [round(st.ev_w[i], 4) for i in g]}) + "\n")
         return moved

@@ -254,6 +254,16 @@ class Config:
     # overlay.rto_min_ms: the RTO floor the routes to peers give inner TCP
     # (the route metric rto_min); 0 = the kernel's own (200 ms)
     rto_min_ms: int = 5
+    # overlay.tcp_min_rtt_wlen: what `up` sets net.ipv4.tcp_min_rtt_wlen
+    # to in its network namespace, restored when the last instance there
+    # goes down (None, "keep", the default: the host's value stands). The
+    # window of TCP's min_rtt bounds RACK's reordering window (min_rtt / 4
+    # per DSACK step): over sprayed paths min_rtt is an empty queue's few
+    # µs, and units reordered by ms on slow links read as loss. 0 cut the
+    # spurious retransmissions on 200 Mbit/s fabric links from 8-15 % to
+    # 1-3 %, but lengthened failover stalls (docs/fabric.md, "Slow links"),
+    # so it is the operator's choice
+    tcp_min_rtt_wlen: int | None = None
 
     @property
     def overlay_address(self) -> ipaddress.IPv4Interface | ipaddress.IPv6Interface:
@@ -541,7 +551,7 @@ def _build(doc: dict, source: str, digest: str) -> Config:
     if "overlay" not in doc:
         raise ConfigError("overlay: missing table [overlay]")
     _check_keys("overlay", overlay, {"device", "address", "mtu", "udp_port", "gso_max_size", "prefixes",
-                                     "paws_guard", "rto_min_ms"})
+                                     "paws_guard", "rto_min_ms", "tcp_min_rtt_wlen"})
     device = _ifname("overlay.device", overlay.get("device", "mrc0"))
     if len(device) > 14:
         raise ConfigError(f"overlay.device: {device!r} is longer than 14 characters")
@@ -617,7 +627,16 @@ def _build(doc: dict, source: str, digest: str) -> Config:
                   key_file=_security(doc.get("security", {})), peers_dir=peers_dir, file_digest=digest,
                   max_peers=max_peers, max_paths_per_peer=max_paths,
                   paws_guard=_typed("overlay.paws_guard", overlay.get("paws_guard", True), bool),
-                  rto_min_ms=_int_in("overlay.rto_min_ms", overlay.get("rto_min_ms", 5), 0, 1000))
+                  rto_min_ms=_int_in("overlay.rto_min_ms", overlay.get("rto_min_ms", 5), 0, 1000),
+                  tcp_min_rtt_wlen=_min_rtt_wlen(overlay.get("tcp_min_rtt_wlen", "keep")))
+
+
+def _min_rtt_wlen(v) -> int | None:
+    if v == "keep":
+        return None
+    if isinstance(v, str):
+        raise ConfigError(f"overlay.tcp_min_rtt_wlen: {v!r} is neither \"keep\" nor a number of seconds")
+    return _int_in("overlay.tcp_min_rtt_wlen", v, 0, 86400)
 
 
 def _peers_table(t) -> str | None:

@@ -27,7 +27,7 @@ from . import members, supervisor, topology
 from .fill import fill_maps
 from .lock import InstanceLock
 from .preflight import preflight
-from .state import Instance, remove_stale
+from .state import Instance, all_instances, remove_stale
 
 
 def up(cfg: cfgmod.Config, agent: bool = True) -> str:
@@ -339,6 +339,7 @@ def _apply(cfg, inst, nl, planes, mtu, digest, prior, neigh_wait: float = NEIGH_
             if topology.get_sysctl(key) not in (None, "0"):
                 state["disable_ipv6"].setdefault(rt.plane.device, topology.get_sysctl(key))
                 _step(f"enabling IPv6 on {rt.plane.device}", topology.set_sysctl, key, "0")
+    _tune_min_rtt(cfg, inst, state)
     inst.write(state)
 
     macs = _step("resolving neighbours", nl.resolve_neighbours, wanted, neigh_wait, hops)
@@ -421,6 +422,48 @@ def few_evs_note(cfg: cfgmod.Config, hops: dict) -> str:
             f"connection's EVs onto few of the fabric's links (evs_per_plane, docs/fabric.md)")
 
 
+MIN_RTT_WLEN = "net/ipv4/tcp_min_rtt_wlen"
+
+
+def _tuning_here(inst: Instance) -> list[Instance]:
+    """The other instances of this network namespace whose `up` set
+    tcp_min_rtt_wlen (their records hold the value to restore)."""
+    out = []
+    for key in all_instances():
+        ns, _, dev = key.partition("-")
+        if ns == f"ns{inst.netns}" and dev != inst.overlay:
+            other = Instance(dev, inst.netns)
+            if "tcp_min_rtt_wlen" in other.read():
+                out.append(other)
+    return out
+
+
+def _tune_min_rtt(cfg: cfgmod.Config, inst: Instance, state: dict) -> None:
+    """net.ipv4.tcp_min_rtt_wlen as overlay.tcp_min_rtt_wlen says. The
+    sysctl is the namespace's, for every TCP connection in it: the value
+    found is recorded (the first instance's, where another one here set
+    it already) and the last instance to go down puts it back."""
+    if cfg.tcp_min_rtt_wlen is None:
+        _untune_min_rtt(inst, state)
+        return
+    if "tcp_min_rtt_wlen" not in state:
+        others = _tuning_here(inst)
+        state["tcp_min_rtt_wlen"] = (others[0].read().get("tcp_min_rtt_wlen") if others
+                                     else topology.get_sysctl(MIN_RTT_WLEN))
+        inst.write(state)     # `down` must know what to restore
+    _step("setting net.ipv4.tcp_min_rtt_wlen", topology.set_sysctl, MIN_RTT_WLEN,
+          str(cfg.tcp_min_rtt_wlen), missing_ok=True)
+
+
+def _untune_min_rtt(inst: Instance, state: dict) -> None:
+    if "tcp_min_rtt_wlen" not in state:
+        return
+    found = state.pop("tcp_min_rtt_wlen")
+    if found is not None and not _tuning_here(inst):
+        with suppress(OSError):
+            topology.set_sysctl(MIN_RTT_WLEN, found, missing_ok=True)
+
+
 def _attach_rx_xdp(nl: topology.Netlink, dev: str, fd: int, state: dict, prior: dict) -> None:
     _detach_rx_tc(nl, dev, state)        # the plane may have had the other hook
     ours = {state["prog_ids"][RX_PROG], prior.get("prog_ids", {}).get(RX_PROG)}
@@ -496,6 +539,7 @@ def _down(cfg: cfgmod.Config | None, overlay: str) -> str:
         if nl.index(overlay) is not None and (state or inst.exists() or cfg is not None):
             nl.delete_link(overlay)
             removed.append(overlay)
+    _untune_min_rtt(inst, state)
     inst.remove()
     if not removed and not had_state:
         return f"{overlay}: nothing to remove"

@@ -64,7 +64,7 @@ def tc_id(lab: Lab, i: int, dev: str = "mrc0", where: str = "egress") -> int:
 
 def snapshot(lab: Lab, i: int) -> dict:
     """What `up` may change in host i: links (with XDP), addresses, routes,
-    the planes' rp_filter, the instance record."""
+    the planes' rp_filter, tcp_min_rtt_wlen, the instance record."""
     def j(*cmd):
         return json.loads(lab.tb.exec(i, ["ip", "-j", *cmd]).stdout or "[]")
     links = j("-d", "link", "show")
@@ -74,8 +74,9 @@ def snapshot(lab: Lab, i: int) -> dict:
     devs = [link["ifname"] for link in links]
     rp = {d: lab.tb.exec(i, ["sysctl", "-n", f"net.ipv4.conf.{d}.rp_filter"], check=False).stdout
           for d in devs}
+    wlen = lab.tb.exec(i, ["sysctl", "-n", "net.ipv4.tcp_min_rtt_wlen"]).stdout
     return {"links": links, "addrs": j("addr", "show"), "routes": j("route", "show", "table", "all"),
-            "rp_filter": rp, "instances": instance_dirs(lab, i)}
+            "rp_filter": rp, "tcp_min_rtt_wlen": wlen, "instances": instance_dirs(lab, i)}
 
 
 def config(lab: Lab, i: int, planes: list[int], evs: int = 2, weights: dict | None = None,

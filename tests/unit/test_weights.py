@@ -402,6 +402,25 @@ def test_an_ev_counts_as_queued_from_a_millisecond_of_its_own():
     assert w[1] > 0.25 and w[3] > 0.25 and w[0] < 0.25 and w[2] < 0.25
 
 
+def test_on_slow_links_a_unit_waiting_for_another_is_no_queue_of_its_own():
+    # 200 Mbit/s links, two EVs each at 80 Mbit/s: a 32 KiB unit takes 3.3 ms
+    # at that share, so 1-2 ms echoes come and go on EVs of an even fabric
+    d = [80 * MB] * 4
+    q_sat = W.ev_q_sat(d, 32768)
+    assert q_sat == pytest.approx(32768 / (80 * MB) * 1e6)
+
+    def split(q, sat):
+        return W.split_evs([0.25] * 4, [None] * 4, d, W.own_queues(q, [0, 1, 2, 3]), [1] * 4,
+                           [True] * 4, [0] * 4, 0.02, sat)
+    assert split([1900.0, 200.0, 1800.0, 150.0], q_sat) is None
+    assert split([1900.0, 200.0, 1800.0, 150.0], W.EV_Q_SAT_US) is not None    # what it was
+    w, _ = split([9000.0, 200.0, 8500.0, 150.0], q_sat)                   # a link really full
+    assert w[1] > 0.25 and w[3] > 0.25 and w[0] < 0.25 and w[2] < 0.25
+    # fast links: the millisecond floor; an idle plane: the floor too
+    assert W.ev_q_sat([500 * MB] * 4, 32768) == W.EV_Q_SAT_US
+    assert W.ev_q_sat([0.0] * 4, 32768) == W.EV_Q_SAT_US
+
+
 def test_an_ev_marked_more_often_than_its_siblings_has_a_queue_of_its_own():
     # a switch marks from a threshold well under what TCP lets stand, and
     # bursts get a few marks on every link: only a clear excess counts
@@ -433,9 +452,10 @@ def test_an_evs_own_queue_counts_when_it_stood_at_two_looks_in_a_row():
     # a busy CPU delays single echoes of random paths; a congested link its
     # EVs' echoes at every look
     ctl = _controller()
+    ctl.unit = 16384      # at 200 Mbit/s an EV: under EV_Q_SAT_US (ev_q_sat)
     st = _state(1)
     st.groups, n = [[0, 1, 2, 3]], 4
-    st.ev_w, st.ev_c, st.ev_d, st.ev_idle, st.ev_q = [0.25] * n, [None] * n, [25 * MB] * n, [0] * n, [None] * n
+    st.ev_w, st.ev_c, st.ev_d, st.ev_idle, st.ev_q = [0.25] * n, [None] * n, [200 * MB] * n, [0] * n, [None] * n
     peer = type("Peer", (), {"name": "p"})()
 
     def look(qp):
