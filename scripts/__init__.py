@@ -2,11 +2,41 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def venv_python() -> Path | None:
+    """The interpreter of the venv setup.sh made (MRC_VENV, else the one
+    /etc/default/mrc names, else <repo>/.venv), if it exists."""
+    venv = os.environ.get("MRC_VENV")
+    if not venv and os.access("/etc/default/mrc", os.R_OK):
+        for line in Path("/etc/default/mrc").read_text().splitlines():
+            if line.startswith("MRC_VENV="):
+                venv = line.split("=", 1)[1].strip()
+    py = Path(venv or REPO / ".venv") / "bin" / "python"
+    return py if py.exists() else None
+
+
+def _into_venv() -> None:
+    """The docs say `sudo python3 scripts/NAME.py`: the system interpreter,
+    which lacks what the venv holds (pyroute2, click, rich). Run the script
+    again under the venv's, before anything imports mrcctl."""
+    if sys.prefix != sys.base_prefix or importlib.util.find_spec("pyroute2") is not None:
+        return
+    py = venv_python()
+    if py is None:
+        sys.exit(f"{Path(sys.argv[0]).name}: error: no Python venv with mrc's packages "
+                 "(run: sudo bash scripts/setup.sh)")
+    os.execv(py, [str(py), *sys.argv])
+
+
+_into_venv()
 
 
 def preflight(name: str, needs: str, build: bool = True) -> str | None:

@@ -47,8 +47,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests" / "integration"))
 
-from lab import Lab  # noqa: E402
 from scripts import preflight  # noqa: E402
+from lab import Lab  # noqa: E402
 from mrcctl.datapath import abi as wire  # noqa: E402
 
 OUT_DIR = REPO / "docs" / "benchmarks"

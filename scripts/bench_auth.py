@@ -30,6 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests" / "unit"))
 
+import scripts  # noqa: E402,F401  (under the venv's interpreter: scripts/__init__.py)
 from mrcctl.datapath import abi as wire  # noqa: E402
 from mrcctl.datapath.auth import mac  # noqa: E402
 

@@ -36,8 +36,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests" / "integration"))
 
-from lab import XFER, Lab  # noqa: E402
 from scripts import command, preflight, write_section  # noqa: E402
+from lab import XFER, Lab  # noqa: E402
 from scripts.bench_failover import mptcp_setup  # noqa: E402
 from mrcctl.lab.testbed import parse_rate  # noqa: E402
 

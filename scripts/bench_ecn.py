@@ -30,8 +30,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests" / "integration"))
 
-from lab import FAST_HEALTH as HEALTH, Lab  # noqa: E402
 from scripts import preflight  # noqa: E402
+from lab import FAST_HEALTH as HEALTH, Lab  # noqa: E402
 
 HOLDS = (1000, 0)
 

@@ -42,8 +42,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests" / "integration"))
 
-from lab import Lab  # noqa: E402
 from scripts import preflight  # noqa: E402
+from lab import Lab  # noqa: E402
 from mrcctl.lab import mpi  # noqa: E402
 
 FAIL_LINK = (0, 0, 0)   # plane, leaf, spine

@@ -53,8 +53,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests" / "integration"))
 
-from lab import UDPSEQ, XFER, Lab  # noqa: E402
 from scripts import preflight, write_section  # noqa: E402
+from lab import UDPSEQ, XFER, Lab  # noqa: E402
 from mrcctl.lab.testbed import Testbed  # noqa: E402
 
 PORT = 5001
@@ -412,7 +412,11 @@ class Scenario:
 
     def __enter__(self):
         self.lab.__enter__()
-        self.lab.up(settle=True)
+        try:
+            self.lab.up(settle=True)
+        except BaseException:
+            self.lab.__exit__(None, None, None)     # __exit__ does not run when __enter__ fails
+            raise
         return self
 
     def __exit__(self, *exc):

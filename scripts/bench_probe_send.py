@@ -30,6 +30,7 @@ from types import SimpleNamespace
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+import scripts  # noqa: E402,F401  (under the venv's interpreter: scripts/__init__.py)
 from mrcctl.agent.health import ProbeGen, ProbePath, Prober, probe_frame, sign_probe  # noqa: E402
 from mrcctl.datapath import abi as wire  # noqa: E402
 from mrcctl.datapath.objects import load_objects  # noqa: E402

@@ -55,8 +55,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests" / "integration"))
 
-from lab import XFER, Lab  # noqa: E402
 from scripts import write_section  # noqa: E402
+from lab import XFER, Lab  # noqa: E402
 
 PLANES = 4
 ABSENT_NET = 210      # absent peers' underlay: 10.(210 + plane).0.0/16

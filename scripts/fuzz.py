@@ -29,9 +29,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "unit"))
 sys.path.insert(0, str(REPO))
 
+from scripts import preflight  # noqa: E402
 import fuzzgen  # noqa: E402
 from unit_dp import Datapath  # noqa: E402
-from scripts import preflight  # noqa: E402
 
 
 def chunks(gen_fn, rng, total: int, size: int):

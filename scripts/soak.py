@@ -35,8 +35,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests" / "integration"))
 
-from lab import Lab  # noqa: E402
 from scripts import preflight  # noqa: E402
+from lab import Lab  # noqa: E402
 from mrcctl.datapath.libbpf import BPF_MAP_TYPE_HASH, BPF_MAP_TYPE_LRU_PERCPU_HASH, BPF_MAP_TYPE_PERCPU_HASH, Map  # noqa: E402
 
 PLANES, EVS = 4, 4     # the soak's testbed: 2 hosts, one peer each

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import scripts  # noqa: E402,F401  (under the venv's interpreter: scripts/__init__.py)
 from mrcctl.cli.testbed import main  # noqa: E402
 
 if __name__ == "__main__":

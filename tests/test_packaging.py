@@ -64,6 +64,33 @@ def test_testbed_cli_help():
     assert cp.returncode == 0 and "blackhole" in cp.stdout
 
 
+# what the docs say to run them with (the distribution's interpreter, not
+# the venv's): each must find mrc's packages itself (scripts/__init__.py)
+SYSTEM_PYTHON = "/usr/bin/python3"
+NO_HELP = {"__init__.py", "udpseq.py"}
+
+
+@pytest.mark.parametrize("script", sorted(n for n in os.listdir(_path("scripts"))
+                                          if n.endswith(".py") and n not in NO_HELP))
+def test_scripts_run_under_the_system_python(script):
+    cp = subprocess.run([SYSTEM_PYTHON, _path("scripts", script), "--help"],
+                        capture_output=True, text=True, timeout=60)
+    assert cp.returncode == 0, cp.stderr[-2000:]
+    assert "usage" in cp.stdout.lower()
+
+
+@pytest.mark.parametrize("script", sorted(n for n in os.listdir(_path("scripts")) if n.endswith(".py")))
+def test_scripts_reach_the_venv_before_mrc(script):
+    """--help alone does not show it (mrcctl imports pyroute2 lazily): what
+    fails is the `mrcctl up` a benchmark runs with sys.executable. The first
+    import of the project's code must therefore be scripts/ (or a script that
+    starts with it)."""
+    first = next((m.group(1) for m in re.finditer(
+        r"^(?:from|import) (scripts|lab|mrcctl|bench_\w+|fuzzgen|unit_dp)\b",
+        _read("scripts", script), re.M)), None)
+    assert first in (None, "scripts") or first.startswith("bench_"), first
+
+
 def test_vagrantfile_content():
     s = _read("Vagrantfile")
     assert 'config.vm.box = "bento/ubuntu-24.04"' in s
