@@ -179,16 +179,27 @@ class ProbeGen:
         self.gen = 0
         self.runs = 0
 
+    def check(self) -> None:
+        """Raise (OSError) unless this host runs live frames: a run that
+        sends nothing (every frame XDP_DROP). A host may refuse them with
+        EPERM though it runs XDP; the agent then sends probes itself from
+        the start instead of at the first failed round."""
+        self._run(0)
+
+    def _run(self, n: int) -> None:
+        """One live-frames run over mrc_probe_out's first n entries."""
+        # a new run number restarts the generator at entry 0 (never 0:
+        # the program's initial "last run")
+        self.gen = self.gen % 0xFFFFFFFF + 1
+        run = bytes(wire.MRC_PROBE_FRAME_MAX) + wire.ProbeRun(gen=self.gen, n=n).pack()
+        self.prog.run_live(run, repeat=max(n, 1))
+
     def send(self, entries: list[bytes]) -> None:
         """struct mrc_probe_out entries, sent in order."""
         for at in range(0, len(entries), wire.MRC_PROBE_BATCH):
             chunk = entries[at:at + wire.MRC_PROBE_BATCH]
             self.out.update_batch(_OUT_KEYS[:len(chunk)], chunk)
-            # a new run number restarts the generator at entry 0 (never 0:
-            # the program's initial "last run")
-            self.gen = self.gen % 0xFFFFFFFF + 1
-            run = bytes(wire.MRC_PROBE_FRAME_MAX) + wire.ProbeRun(gen=self.gen, n=len(chunk)).pack()
-            self.prog.run_live(run, repeat=len(chunk))
+            self._run(len(chunk))
             self.runs += 1
 
     def close(self) -> None:
@@ -278,7 +289,11 @@ class Prober:
         if self.cfg.health.probe_sender == "xdp":
             try:
                 self.generator = ProbeGen(agent.dp)
+                self.generator.check()
             except (OSError, MrcError) as e:
+                if self.generator is not None:
+                    self.generator.close()
+                    self.generator = None
                 self.gen_error = str(e)
                 log.warning("no probe generator (%s): probes go out one send each", e)
         self.refresh()
