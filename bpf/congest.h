@@ -1,5 +1,7 @@
 /* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
 /*
+ * Per-EV congestion signals: CE marks and loss.
+ *
  * ECN-driven EV avoidance, in the spirit of UET's REPS and Google's PLB: a
  * queue several hops away in the fabric is invisible to the sender, but a
  * switch that marks CE on it tells the receiver which EV crossed it. The
@@ -14,6 +16,19 @@
  * mark (RFC 6040, ecn.h), so a bottleneck every path shares (the receiver's
  * own link) is left to the transport: once every nearby slot is marked, the
  * walk takes a marked one (CONG_SKIP_SLOTS).
+ *
+ * Loss per EV, for fabrics that drop rather than mark: every DATA unit
+ * carries its path's unit count (mrc_hdr.path_seq), so the receiver sees
+ * units that never arrived on that path, and each unit's segments
+ * (psn..psn+segs-1, in order on one path), so it sees a unit that arrived
+ * in part. Either sets MRC_F_ELOSS on the path's echoes for a while;
+ * the sender counts such echoes (loss_echoes) and the agent's per-EV split
+ * reads them beside the CE marks (mrcctl/agent/weights.py). The slot walk
+ * does not hold a lossy path: a receiver's own drops (a full backlog)
+ * hit whatever paths were arriving, which only the split's comparison
+ * of siblings tells apart. Reordering within one path (two receive CPUs)
+ * reads as loss too; on one plane every EV shares that, and the split
+ * compares EVs with their siblings.
  */
 #ifndef MRC_CONGEST_H
 #define MRC_CONGEST_H
@@ -24,6 +39,7 @@
 #include "mrc.h"
 #include "path.h"
 #include "config.h"
+#include "stats.h"
 
 /* An echo reports the newest receipt of its path (feedback.h); it says
  * "marked" when a CE arrived on that path this close before that receipt,
@@ -36,6 +52,15 @@
 /* The longest hold is cong_hold_us << CONG_MAX_SHIFT. */
 #define CONG_MAX_SHIFT		5
 
+/* An echo says lossy when its path showed a loss this close before its
+ * newest receipt: loss is rarer than marking, and one lost unit should
+ * reach the echoes of a few units after it. */
+#define CONG_LOSS_ECHO_NS	1000000ULL
+/* mrc_path_cong.rx_seq holds a path_seq seen */
+#define CONG_SEQ_SEEN		0x100
+/* a path_seq this far behind the last is a reordered unit, not 128+ lost */
+#define CONG_SEQ_BACK		128
+
 /* Per path, both directions (like mrc_live): the receiver's side for the
  * peer's path toward us, the sender's for ours toward the peer; writers per
  * field in mrc.h struct mrc_path_cong. */
@@ -46,6 +71,80 @@ struct {
 	__type(value, struct mrc_path_cong);
 } mrc_path_cong SEC(".maps");
 
+/* Per path, the next path_seq to send: mrc_tx's alone (mrc.h). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, MRC_N_PATH_ENTRIES);
+	__type(key, __u32);
+	__type(value, __u32);
+} mrc_path_seq SEC(".maps");
+
+/* tx: the path_seq of a unit on our path `path`. A hedged unit repeats the
+ * last one sent (its copy travels on another path, whose count it would
+ * break): the receiver does not count hedged units. */
+static __always_inline __u8 cong_tx_seq(__u32 peer, __u32 path, bool hedged)
+{
+	__u32 *n = path_entry(&mrc_path_seq, peer, path);
+
+	if (!n)
+		return 0;
+	if (hedged)
+		return (__u8)(*n - 1);
+	return (__u8)(*n)++;
+}
+
+/*
+ * rx: a DATA frame of the peer's path `path`: wire packets psn..psn+n-1 of
+ * the unit that starts at `unit` with `segs` of them; `first` says it is
+ * the first frame of that unit to arrive (feedback_receipt). Counts what
+ * the path lost: the previous unit's missing tail and units skipped by
+ * path_seq when a new unit starts, a gap inside the unit otherwise.
+ * *now: the clock if read already (0: not), read here only on a loss.
+ */
+static __always_inline void cong_rx_loss(__u32 peer, __u32 path, __u32 unit, __u32 segs,
+					 __u32 psn, __u32 n, __u8 seq, bool hedged,
+					 bool first, __u64 *now)
+{
+	struct mrc_path_cong *c = path_entry(&mrc_path_cong, peer, path);
+	__u32 segs_lost = 0, units_lost = 0, gap;
+	__u8 d;
+
+	if (!c)
+		return;
+	if (first) {
+		gap = c->rx_end - c->rx_next;	/* the last unit's tail */
+		if (c->rx_end && (__s32)gap > 0 && gap <= 0xffff)
+			segs_lost += gap;
+		if (!hedged) {
+			d = seq - (__u8)c->rx_seq;
+			if ((c->rx_seq & CONG_SEQ_SEEN) && d >= 2 && d < CONG_SEQ_BACK)
+				units_lost = d - 1;
+			if (!(c->rx_seq & CONG_SEQ_SEEN) || d < CONG_SEQ_BACK)
+				c->rx_seq = CONG_SEQ_SEEN | seq;
+		}
+		gap = psn - unit;	/* the unit's head */
+		if (gap < segs)
+			segs_lost += gap;
+		c->rx_end = unit + segs;
+		c->rx_next = psn + n;
+	} else {
+		gap = psn - c->rx_next;
+		if ((__s32)gap > 0 && gap < segs)
+			segs_lost += gap;
+		if ((__s32)(psn + n - c->rx_next) > 0)
+			c->rx_next = psn + n;
+	}
+	if (!segs_lost && !units_lost)
+		return;
+	if (!*now)
+		*now = bpf_ktime_get_ns();
+	c->rx_loss_ns = *now;
+	if (units_lost)
+		PCNT_INC(peer, path, rx_lost_units, units_lost);
+	if (segs_lost)
+		PCNT_INC(peer, path, rx_lost_segs, segs_lost);
+}
+
 /* rx: a DATA packet of the peer's path `path` arrived CE-marked. */
 static __always_inline void cong_rx_ce(__u32 peer, __u32 path, __u64 now)
 {
@@ -55,23 +154,33 @@ static __always_inline void cong_rx_ce(__u32 peer, __u32 path, __u64 now)
 		c->rx_ce_ns = now;
 }
 
-/* tx: does the echo of the peer's path `path`, whose newest receipt
- * arrived at last_rx_ns, say it was marked? */
-static __always_inline bool cong_echo_due(__u32 peer, __u32 path, __u64 last_rx_ns)
+/* tx: what the echo of the peer's path `path`, whose newest receipt
+ * arrived at last_rx_ns, says of it: MRC_F_ECE (marked), MRC_F_ELOSS
+ * (lossy), both or neither. */
+static __always_inline __u8 cong_echo_flags(__u32 peer, __u32 path, __u64 last_rx_ns)
 {
 	struct mrc_path_cong *c = path_entry(&mrc_path_cong, peer, path);
+	__u8 f = 0;
 
-	return c && c->rx_ce_ns && c->rx_ce_ns + CONG_ECHO_NS >= last_rx_ns;
+	if (!c)
+		return 0;
+	if (c->rx_ce_ns && c->rx_ce_ns + CONG_ECHO_NS >= last_rx_ns)
+		f |= MRC_F_ECE;
+	if (c->rx_loss_ns && c->rx_loss_ns + CONG_LOSS_ECHO_NS >= last_rx_ns)
+		f |= MRC_F_ELOSS;
+	return f;
 }
 
-/* rx: the peer echoed our path `path`'s packet sent at fb_ts, with
- * MRC_F_ECE (marked) or without. hold_us: mrc_config.cong_hold_us. The
- * peer repeats an echo when it has nothing newer (feedback.h): only the
- * first one is news, or a marked path's re-echoes would read as unmarked. */
+/* rx: the peer echoed our path `path`'s packet sent at fb_ts; flags: the
+ * echo's header flags (MRC_F_ECE: marked, MRC_F_ELOSS: lossy). hold_us:
+ * mrc_config.cong_hold_us. The peer repeats an echo when it has nothing
+ * newer (feedback.h): only the first one is news, or a marked path's
+ * re-echoes would read as unmarked. */
 static __always_inline void cong_echoed(__u32 peer, __u32 path, __u32 fb_ts,
-					bool marked, __u32 hold_us, __u64 now)
+					__u8 flags, __u32 hold_us, __u64 now)
 {
 	struct mrc_path_cong *c = path_entry(&mrc_path_cong, peer, path);
+	bool marked = flags & MRC_F_ECE;
 	__u32 shift;
 
 	__u64 held, age;
@@ -79,6 +188,8 @@ static __always_inline void cong_echoed(__u32 peer, __u32 path, __u32 fb_ts,
 	if (!c || c->fb_ts == fb_ts)
 		return;
 	c->fb_ts = fb_ts;
+	if (flags & MRC_F_ELOSS)
+		c->loss_echoes += 1;
 	shift = c->hold_shift & 31;
 	/* unmarked: half the hold (one unmarked packet, a retransmission
 	 * that is never ECT, does not undo a queue that marks the rest) */

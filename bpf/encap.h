@@ -33,8 +33,9 @@ struct mrc_unit {
 	__u16	path_id;
 	__u16	segs;
 	__u16	seg_size;
-	__u16	fb_path;
 	__u16	epoch;
+	__u8	fb_path;
+	__u8	path_seq;
 	__u8	flags;
 	__u8	tos;		/* inner DSCP and ECN, copied to the outer header */
 	/* auth (bpf/auth.h): a copy of the key toward the peer (key.on 0: no
@@ -155,7 +156,8 @@ static __always_inline void write_mrc(struct mrc_hdr *mh, __u8 type,
 	mh->segs = bpf_htons(u->segs);
 	mh->seg_size = bpf_htons(u->seg_size);
 	mh->seq0 = bpf_htonl(u->seq0);
-	mh->fb_path = bpf_htons(u->fb_path);
+	mh->path_seq = u->path_seq;
+	mh->fb_path = u->fb_path;
 	mh->epoch = bpf_htons(u->epoch);
 	mh->fb_ts = bpf_htonl(u->fb_ts);
 }

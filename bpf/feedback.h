@@ -130,8 +130,7 @@ static __always_inline void feedback_pick(struct mrc_peer_seq *seq,
 	if (!l)
 		return;
 	u->flags |= MRC_F_FEEDBACK;
-	if (cong_echo_due(peer_idx, p, l->last_rx_ns))
-		u->flags |= MRC_F_ECE;
+	u->flags |= cong_echo_flags(peer_idx, p, l->last_rx_ns);
 	u->fb_path = p;
 	u->fb_ts = l->last_rx_ts;
 	l->fb_echoed = u->fb_ts;
@@ -214,8 +213,8 @@ __attribute__((noinline)) int feedback_send(struct __sk_buff *skb, __u32 l3_off,
 	__u64 now = bpf_ktime_get_ns(), t;
 	__u32 mh_off = l3_off + (family == 4 ? 20 : 40) + sizeof(struct udphdr);
 	__be32 tx_ts, fb_ts;
-	__be16 pid, fb_path;
-	__u8 ver_type, flags;
+	__be16 pid;
+	__u8 ver_type, flags, fb_path;
 	int ret = -1;
 
 	if (l3_off > ETH_HLEN + 4 || !live || auth_key(peer_idx))
@@ -244,8 +243,8 @@ __attribute__((noinline)) int feedback_send(struct __sk_buff *skb, __u32 l3_off,
 	fb_ts = mh->fb_ts;
 
 	mh->ver_type = (MRC_VERSION << MRCH_VERSION_SHIFT) | MRC_T_FEEDBACK;
-	mh->flags = MRC_F_FEEDBACK;
-	mh->fb_path = pid;
+	mh->flags = MRC_F_FEEDBACK | cong_echo_flags(peer_idx, path_id, live->last_rx_ns);
+	mh->fb_path = (__u8)bpf_ntohs(pid);
 	mh->fb_ts = tx_ts;
 	mh->tx_ts = bpf_htonl((__u32)(now / 1000));
 	if (bpf_clone_redirect(skb, skb->ifindex, 0) >= 0) {

@@ -41,6 +41,7 @@
  *   mrc_acl         acl.h
  *   mrc_path_mtu    pmtu.h
  *   mrc_path_cong   congest.h
+ *   mrc_path_seq    congest.h
  */
 #ifndef MRC_MAPS_H
 #define MRC_MAPS_H

@@ -75,6 +75,9 @@ enum mrc_type {
 #define MRC_F_AUTH	0x08	/* a MRC_AUTH_LEN-byte MAC follows the header (bpf/auth.h) */
 #define MRC_F_ECE	0x10	/* with MRC_F_FEEDBACK: the echoed path (fb_path)
 				 * brought a CE-marked packet lately (bpf/congest.h) */
+#define MRC_F_ELOSS	0x20	/* with MRC_F_FEEDBACK: the echoed path lost wire
+				 * packets lately, as its path_seq or its units'
+				 * segments showed (bpf/congest.h) */
 /* A non-TCP inner IPv6 GSO unit (UDP_SEGMENT) has no field that tells its
  * segments apart (no IPv6 ID; UDP datagrams carry no offset): it is sent
  * with segs = 1 and one PSN, every segment repeating it, and never hedged
@@ -98,7 +101,12 @@ struct mrc_hdr {
 	__be16	seg_size;	/* inner payload bytes per segment (gso_size) or 0 */
 	__be32	seq0;		/* inner TCP sequence number of the first segment;
 				 * with MRC_F_IPID the first segment's inner IPv4 ID */
-	__be16	fb_path;	/* feedback: a path of the receiver's that delivered */
+	__u8	path_seq;	/* DATA: the sender's count of units on path_id
+				 * (mod 2^8; hedged units repeat the last and
+				 * are not counted): a gap the receiver sees
+				 * is units lost on that path (bpf/congest.h) */
+	__u8	fb_path;	/* feedback: a path of the receiver's that
+				 * delivered (< MRC_MAX_PATHS) */
 	__be16	epoch;		/* the sender's epoch (mrc_config.epoch, new at
 				 * every `up`): a receiver seeing a new one
 				 * restarts its windows for the peer instead of
@@ -417,6 +425,11 @@ struct mrc_path_cnt {
 	__u64	tx_hedged;	/* of tx_packets: hedged copies sent here as
 				 * the partner of a suspect path, not by the
 				 * slot table; writer: mrc_tx (tx.bpf.c) */
+	__u64	rx_lost_units;	/* units of the peer's path that never arrived
+				 * (gaps in mrc_hdr.path_seq); writer: mrc_rx
+				 * (congest.h) */
+	__u64	rx_lost_segs;	/* wire packets missing from units that arrived
+				 * in part; writer: mrc_rx (congest.h) */
 };
 
 /*
@@ -582,10 +595,10 @@ struct mrc_event {
 };
 
 /*
- * mrc_path_cong: ARRAY[peers << path_shift], ECN-driven EV
- * avoidance (bpf/congest.h). Like mrc_live, an entry serves both
- * directions: the receiver's field for the peer's path toward us, the
- * sender's for ours toward the peer (both ends number paths alike).
+ * mrc_path_cong: ARRAY[peers << path_shift], the per-EV congestion
+ * signals (bpf/congest.h): CE marks and loss. Like mrc_live, an entry
+ * serves both directions: the receiver's field for the peer's path toward
+ * us, the sender's for ours toward the peer (both ends number paths alike).
  */
 struct mrc_path_cong {
 	__u64	rx_ce_ns;	/* receiver: newest CE-marked DATA packet on the
@@ -601,7 +614,28 @@ struct mrc_path_cong {
 	__u32	fb_ts;		/* sender: the echoed tx_ts last taken as news
 				 * (a re-echo of the same receipt is none);
 				 * writer: mrc_rx (congest.h) */
+	__u64	rx_loss_ns;	/* receiver: when the peer's path last showed a
+				 * loss; writer: mrc_rx (congest.h) */
+	__u64	loss_echoes;	/* sender: echoes with MRC_F_ELOSS for our path;
+				 * writer: mrc_rx (congest.h) */
+	__u32	rx_next;	/* receiver: the wire PSN expected next in the
+				 * unit last received on the path; writer:
+				 * mrc_rx (congest.h) */
+	__u32	rx_end;		/* receiver: that unit's PSN + segs; writer:
+				 * mrc_rx (congest.h) */
+	__u32	rx_seq;		/* receiver: the last path_seq seen, with
+				 * CONG_SEQ_SEEN; writer: mrc_rx (congest.h) */
+	__u32	rsvd;
 };
+
+/*
+ * mrc_path_seq: ARRAY[peers << path_shift] of __u32, sender side: the
+ * next mrc_hdr.path_seq of each of our paths. Apart from mrc_path_cong,
+ * whose receiver fields mrc_rx writes per packet: this one mrc_tx writes
+ * per unit. A plain increment: two CPUs sending on one path at once may
+ * send one number twice, which the receiver takes for no loss. Writer:
+ * mrc_tx (congest.h).
+ */
 
 /*
  * mrc_dedup: ARRAY[peers], receiver duplicate filter for hedged

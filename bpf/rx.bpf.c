@@ -396,9 +396,12 @@ static __always_inline __u32 rx_data_body(void *ctx, bool tc, bool multi,
 	/* A feedback frame (the peer has no data for us to carry echoes):
 	 * evidence for our path fb_path, as an echo in DATA would be. */
 	if (type == MRC_T_FEEDBACK) {
-		if (mh->flags & MRC_F_FEEDBACK)
-			rx_echo(peer_idx, bpf_ntohs(mh->fb_path), bpf_ntohl(mh->fb_ts),
-				bpf_ktime_get_ns());
+		if (mh->flags & MRC_F_FEEDBACK) {
+			now = bpf_ktime_get_ns();
+			rx_echo(peer_idx, mh->fb_path, bpf_ntohl(mh->fb_ts), now);
+			cong_echoed(peer_idx, mh->fb_path, bpf_ntohl(mh->fb_ts), mh->flags,
+				    cfg->cong_hold_us, now);
+		}
 		return RX_V(RX_DROP, MRC_R_RX_FEEDBACK);
 	}
 
@@ -430,6 +433,9 @@ static __always_inline __u32 rx_data_body(void *ctx, bool tc, bool multi,
 	/* The first segment of a unit to arrive applies its feedback. */
 	receipt = feedback_receipt(live, bpf_ntohl(mh->psn), bpf_ntohl(mh->tx_ts),
 				   &now);
+	/* Loss on this path: units skipped, segments missing (congest.h). */
+	cong_rx_loss(peer_idx, path_id, bpf_ntohl(mh->psn), bpf_ntohs(mh->segs), psn, n,
+		     mh->path_seq, mh->flags & MRC_F_HEDGE, receipt, &now);
 
 	/* Reordering hints, duplicates and loss, per wire packet (rx_account). */
 	acc = rx_account(peer_idx, path_id, psn, n, bpf_ntohs(mh->epoch) |
@@ -438,9 +444,9 @@ static __always_inline __u32 rx_data_body(void *ctx, bool tc, bool multi,
 	/* Feedback: the peer tells us one of OUR paths delivered a packet
 	 * we sent at fb_ts. */
 	if (receipt && (mh->flags & MRC_F_FEEDBACK)) {
-		rx_echo(peer_idx, bpf_ntohs(mh->fb_path), bpf_ntohl(mh->fb_ts), now);
-		cong_echoed(peer_idx, bpf_ntohs(mh->fb_path), bpf_ntohl(mh->fb_ts),
-			    mh->flags & MRC_F_ECE, cfg->cong_hold_us, now);
+		rx_echo(peer_idx, mh->fb_path, bpf_ntohl(mh->fb_ts), now);
+		cong_echoed(peer_idx, mh->fb_path, bpf_ntohl(mh->fb_ts), mh->flags,
+			    cfg->cong_hold_us, now);
 	}
 	/* No reverse data echoed this path lately: a feedback frame of our
 	 * own (tc only, one wire segment: a clone of a GSO skb would carry

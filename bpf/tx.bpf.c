@@ -394,6 +394,7 @@ static __always_inline __u32 tx_process(struct __sk_buff *skb, struct tx_out *ou
 		else if (verdict == H_SUSPECT)
 			HSTAT_INC(hedge_no_path);
 	}
+	u.path_seq = cong_tx_seq(peer_idx, u.path_id, u.flags & MRC_F_HEDGE);
 
 	/* 5. Encapsulate; every wire segment repeats Ethernet, outer headers
 	 * and inner IP/TCP headers. */

@@ -304,9 +304,9 @@ def test_exporter_aggregates_by_default_and_series_per_peer_are_fixed():
     assert series(snap(1, peers=("a", "b")), per_path=True) >= series(snap(1, peers=("a", "b"))) + 2 * 16 * 10
 
 
-# as docs/operator-guide.md states: 8 counters, 3 path-state counts, RTT, evidence age, tx PSN,
+# as docs/operator-guide.md states: 10 counters, 3 path-state counts, RTT, evidence age, tx PSN,
 # and the reorder table (10 numbers and 16 histogram buckets)
-PER_PEER_SERIES = 8 + 3 + 1 + 1 + 1 + 10 + 16
+PER_PEER_SERIES = 10 + 3 + 1 + 1 + 1 + 10 + 16
 
 
 def test_metrics_config():

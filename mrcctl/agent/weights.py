@@ -112,7 +112,7 @@ _PEER_AT = wire.Peer.offsets()
 _DELAY = struct.Struct(wire.PathDelay.fmt())
 _DELAY_SAMPLES, _DELAY_RTT, _DELAY_EWMA = (
     [n for n, _f in wire.PathDelay.LAYOUT].index(k) for k in ("samples", "rtt_us", "ewma_us"))
-_CONG_CE = wire.PathCong.offsets()["ce_echoes"]
+_CONG_CE, _CONG_LOSS = (wire.PathCong.offsets()[k] for k in ("ce_echoes", "loss_echoes"))
 
 SCALE = 240             # integer weights sum to this: 1/240 steps; a slot table repeats a
                         # 240-slot round (960 slots), which the agent computes 4x faster than 1000
@@ -179,7 +179,7 @@ class _PeerState:
     ev_d: list[float | None] = field(default_factory=list)
     ev_idle: list[int] = field(default_factory=list)
     ev_q: list[float | None] = field(default_factory=list)   # per path: its own queue at the last look
-    last_ce: tuple | None = None         # per path: (CE-marked echoes, echoes) at the last look
+    last_marks: tuple | None = None      # per path: (CE or loss echoes, echoes) at the last look
 
 
 def quantize(shares: list[float], usable: list[bool], total: int = SCALE) -> list[int]:
@@ -643,19 +643,21 @@ class Controller:
 
     def _marks(self, peer: cfgmod.Peer, st: _PeerState, samples: list[int]) -> list[float | None]:
         """Per path: the fraction of its echoes (`samples`: the paths' echo
-        counts now) that said CE since the last look (mrc_path_cong,
-        bpf/congest.h); None without an echo. Marks move weight only where
-        the operator left ECN avoidance on (weights.ecn_hold_us > 0)."""
+        counts now) since the last look that said CE or loss (mrc_path_cong,
+        bpf/congest.h); None without an echo. CE counts only where the
+        operator left ECN avoidance on (weights.ecn_hold_us > 0); loss
+        always: a dropping link is full whatever the operator chose."""
         n = len(peer.paths)
-        if not self.cfg.weights.ecn_hold_us:
-            return [None] * n
         cong = self.dp.map("mrc_path_cong")
-        raw = cong.read_raw(self.dp.path_idx(peer.index, 0), n)
-        ce = list(memoryview(raw).cast("Q")[_CONG_CE // 8::cong.value_size // 8])
-        (last, seen), st.last_ce = st.last_ce or ([], []), (ce, samples)
+        raw = memoryview(cong.read_raw(self.dp.path_idx(peer.index, 0), n)).cast("Q")
+        step = cong.value_size // 8
+        marked = list(raw[_CONG_LOSS // 8::step])
+        if self.cfg.weights.ecn_hold_us:
+            marked = [a + b for a, b in zip(marked, raw[_CONG_CE // 8::step])]
+        (last, seen), st.last_marks = st.last_marks or ([], []), (marked, samples)
         if len(last) != n:
             return [None] * n
-        return [min(1.0, (a - b) / (e - f)) if e > f else None for a, b, e, f in zip(ce, last, samples, seen)]
+        return [min(1.0, (a - b) / (e - f)) if e > f else None for a, b, e, f in zip(marked, last, samples, seen)]
 
     def _split(self, peer: cfgmod.Peer, st: _PeerState, qp: list[float | None], sent: list[int],
                usable: list[bool], marks: list[float | None], now: float) -> bool:

@@ -47,6 +47,7 @@ MRC_F_HEDGE = 0x02
 MRC_F_IPID = 0x04
 MRC_F_AUTH = 0x08           # an MRC_AUTH_LEN-byte MAC follows the header (bpf/auth.h)
 MRC_F_ECE = 0x10            # the echoed path brought a CE-marked packet lately (bpf/congest.h)
+MRC_F_ELOSS = 0x20          # the echoed path lost wire packets lately (bpf/congest.h)
 MRC_AUTH_LEN = 8
 MRC_AUTH_MSG_LEN = 48       # what the MAC covers: MRC header + 20 bytes of struct mrc_auth_inner (inner IPv4)
 MRC_AUTH_MSG_LEN6 = 72      # ... + all 44 bytes of it (inner IPv6)
@@ -209,6 +210,7 @@ def c_constants() -> dict[str, int]:
         "MRC_F_IPID": MRC_F_IPID,
         "MRC_F_AUTH": MRC_F_AUTH,
         "MRC_F_ECE": MRC_F_ECE,
+        "MRC_F_ELOSS": MRC_F_ELOSS,
         "MRC_AUTH_LEN": MRC_AUTH_LEN,
         "MRC_AUTH_MSG_LEN": MRC_AUTH_MSG_LEN,
         "MRC_AUTH_MSG_LEN6": MRC_AUTH_MSG_LEN6,
@@ -445,7 +447,7 @@ class MrcHdr(_Struct):
     LAYOUT: ClassVar = (
         ("ver_type", "B"), ("flags", "B"), ("path_id", "H"), ("psn", "I"),
         ("tx_ts", "I"), ("segs", "H"), ("seg_size", "H"), ("seq0", "I"),
-        ("fb_path", "H"), ("epoch", "H"), ("fb_ts", "I"),
+        ("path_seq", "B"), ("fb_path", "B"), ("epoch", "H"), ("fb_ts", "I"),
     )
     DEFAULTS = {"ver_type": MRC_VERSION << 4, "segs": 1}
 
@@ -461,11 +463,11 @@ class MrcHdr(_Struct):
 def encode_mrc_hdr(type: int = MsgType.DATA, *, version: int = MRC_VERSION,
                    flags: int = 0, path_id: int = 0, psn: int = 0, tx_ts: int = 0,
                    segs: int = 1, seg_size: int = 0, seq0: int = 0,
-                   fb_path: int = 0, fb_ts: int = 0, epoch: int = 0) -> bytes:
+                   fb_path: int = 0, fb_ts: int = 0, epoch: int = 0, path_seq: int = 0) -> bytes:
     return MrcHdr(ver_type=((version & 0xF) << 4) | (int(type) & 0xF), flags=flags,
                   path_id=path_id, psn=psn & 0xFFFFFFFF, tx_ts=tx_ts & 0xFFFFFFFF,
                   segs=segs, seg_size=seg_size, seq0=seq0 & 0xFFFFFFFF,
-                  fb_path=fb_path, epoch=epoch, fb_ts=fb_ts & 0xFFFFFFFF).pack()
+                  path_seq=path_seq & 0xFF, fb_path=fb_path, epoch=epoch, fb_ts=fb_ts & 0xFFFFFFFF).pack()
 
 
 def decode_mrc_hdr(b: bytes) -> MrcHdr:
@@ -666,7 +668,7 @@ class PathCnt(_Counters):
     C_NAME: ClassVar[str] = "mrc_path_cnt"
     LAYOUT: ClassVar = tuple((n, "Q") for n in (
         "rx_ooo", "rx_dup", "probes_rx", "rx_late", "tx_steered", "rx_ce",
-        "tx_hedged"))
+        "tx_hedged", "rx_lost_units", "rx_lost_segs"))
 
 
 @dataclass
@@ -684,6 +686,8 @@ class PathCounters:
     tx_steered: int = 0
     rx_ce: int = 0
     tx_hedged: int = 0
+    rx_lost_units: int = 0
+    rx_lost_segs: int = 0
 
     @classmethod
     def of(cls, percpu: Iterable[bytes], cnt: bytes | None) -> "PathCounters":
@@ -735,11 +739,12 @@ MRC_PMTU_AGE_S = 600
 
 @_struct
 class PathCong(_Struct):
-    """struct mrc_path_cong: ECN-driven EV avoidance (bpf/congest.h), the
-    receiver's and the sender's side of one path."""
+    """struct mrc_path_cong: the per-EV congestion signals, CE marks and
+    loss (bpf/congest.h), the receiver's and the sender's side of one path."""
     C_NAME: ClassVar[str] = "mrc_path_cong"
     LAYOUT: ClassVar = (("rx_ce_ns", "Q"), ("ce_ns", "Q"), ("ce_echoes", "Q"), ("hold_shift", "I"),
-                        ("fb_ts", "I"))
+                        ("fb_ts", "I"), ("rx_loss_ns", "Q"), ("loss_echoes", "Q"), ("rx_next", "I"),
+                        ("rx_end", "I"), ("rx_seq", "I"), ("rsvd", "I"))
 
 
 @_struct

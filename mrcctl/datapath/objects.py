@@ -23,7 +23,7 @@ MAP_NAMES = ("mrc_cfg", "mrc_peers", "mrc_slots", "mrc_paths", "mrc_live", "mrc_
              "mrc_rx_win", "mrc_reorder", "mrc_flowlets", "mrc_path_delay",
              "mrc_ovl_owner", "mrc_probe_nonce", "mrc_admin", "mrc_rx_epoch",
              "mrc_probe_rl", "mrc_auth", "mrc_acl", "mrc_path_mtu", "mrc_path_cnt",
-             "mrc_path_cong")   # issue 4: bpf/reorder.h, bpf/spray.h
+             "mrc_path_cong", "mrc_path_seq")   # issue 4: bpf/reorder.h, bpf/spray.h
 
 
 # Maps sized by the sizing (struct mrc_sizing), and how: one entry per peer
@@ -33,7 +33,7 @@ MAP_NAMES = ("mrc_cfg", "mrc_peers", "mrc_slots", "mrc_paths", "mrc_live", "mrc_
 PER_PEER = ("mrc_peers", "mrc_peer_seq", "mrc_tx_flows", "mrc_rx_flows", "mrc_rx_win", "mrc_reorder", "mrc_dedup",
             "mrc_rx_epoch", "mrc_auth")
 PER_PATH = ("mrc_paths", "mrc_live", "mrc_admin", "mrc_path_stats", "mrc_path_cnt", "mrc_path_delay",
-            "mrc_probe_nonce", "mrc_path_mtu", "mrc_path_cong")
+            "mrc_probe_nonce", "mrc_path_mtu", "mrc_path_cong", "mrc_path_seq")
 # array maps indexed peer * k + i: their entries follow their peer when
 # the peer capacity changes (carry_resized)
 PEER_MULTIPLE = {"mrc_slots": 2, "mrc_probe_rl": abi.MRC_MAX_PLANES}

@@ -20,7 +20,7 @@ from .slots import set_slots, set_slots_many
 # reordered) or give its old one to another peer, and this state must
 # follow the peer, never stay with the index (issue #13.3).
 PATH_STATE = ("mrc_live", "mrc_admin", "mrc_path_delay", "mrc_path_stats", "mrc_path_cnt", "mrc_probe_nonce",
-              "mrc_path_cong")
+              "mrc_path_cong", "mrc_path_seq")
 PEER_STATE = ("mrc_peer_seq", "mrc_tx_flows", "mrc_rx_flows", "mrc_rx_win", "mrc_dedup", "mrc_reorder", "mrc_rx_epoch")
 
 

@@ -37,6 +37,8 @@ PATH_COUNTERS = {
     "rx_ooo": ("mrc_path_rx_out_of_order_packets", "Packets that arrived with a PSN below the highest seen."),
     "rx_dup": ("mrc_path_rx_duplicate_packets", "Duplicate packets (by PSN) received on the path."),
     "rx_ce": ("mrc_path_rx_ce_packets", "Packets received on the path with CE marked by the fabric (RFC 6040)."),
+    "rx_lost_units": ("mrc_path_rx_lost_units", "Units of the peer's path that never arrived (gaps in its unit count)."),
+    "rx_lost_segs": ("mrc_path_rx_lost_segments", "Wire packets missing from units of the peer's path that arrived in part."),
     "probes_rx": ("mrc_path_probes_received", "EV probe replies received on the path."),
 }
 # keys rendered some other way, never as generic gauges

@@ -76,6 +76,7 @@ _PATH_WEIGHT = wire.Path.offsets()["weight"]
 _PATH_EV = wire.Path.offsets()["ev"]
 _U16, _U32, _U64 = struct.Struct("=H"), struct.Struct("=I"), struct.Struct("=Q")
 _CE_AT = wire.PathCong.offsets()["ce_echoes"]
+_LOSS_AT = wire.PathCong.offsets()["loss_echoes"]
 _MTU = struct.Struct(wire.PathMtu.fmt())
 
 
@@ -87,9 +88,10 @@ def _optional_map(dp: Datapath, name: str):
         return None
 
 
-def _ecn_echoes(raw: bytes | None) -> int:
-    """How often the peer echoed CE for this path (bpf/congest.h)."""
-    return _U64.unpack_from(raw, _CE_AT)[0] if raw else 0
+def _echoes(raw: bytes | None, at: int) -> int:
+    """How often the peer echoed CE (at _CE_AT) or loss (_LOSS_AT) for this
+    path (bpf/congest.h); 0 from a datapath whose entries are shorter."""
+    return _U64.unpack_from(raw, at)[0] if raw and len(raw) >= at + 8 else 0
 
 
 def _path_mtu(raw: bytes | None, now_ns: int) -> int | None:
@@ -196,6 +198,8 @@ def _snapshot(cfg: cfgmod.Config, dp: Datapath, only: set[str] | None = None) ->
                 "rx_dup": st.rx_dup,
                 "rx_late": st.rx_late,
                 "rx_ce": st.rx_ce,
+                "rx_lost_units": st.rx_lost_units,
+                "rx_lost_segs": st.rx_lost_segs,
                 "slot_share": None,
                 "probes_rx": st.probes_rx,
                 "rtt_us": live.rtt_us or None,
@@ -205,7 +209,8 @@ def _snapshot(cfg: cfgmod.Config, dp: Datapath, only: set[str] | None = None) ->
                 "evidence_delay_ms": round(live.ev_rtt_us / 1000, 3) if live.ev_rtt_us else None,
                 "flaps": live.flaps,
                 "mtu": _path_mtu(mtus[i] if i < len(mtus) else None, now_ns),
-                "ecn_echoes": _ecn_echoes(congs[i] if i < len(congs) else None),
+                "ecn_echoes": _echoes(congs[i] if i < len(congs) else None, _CE_AT),
+                "loss_echoes": _echoes(congs[i] if i < len(congs) else None, _LOSS_AT),
             })
         peers.append({
             "name": peer.name,

@@ -209,6 +209,37 @@ def test_traffic_moves_off_the_evs_of_a_marking_link(lab):
     assert max(hot) < min(cold), (slots[5604], marked)
 
 
+def test_traffic_moves_off_the_evs_of_a_lossy_link(lab):
+    """A leaf-spine link of plane 0 that drops 1 % of what it carries (no
+    marking): the receiver counts loss on exactly the EVs the leaf hashes
+    across it, from gaps in their unit counts (tc: the link drops whole
+    units) or their segments (XDP: the sender segments), tells the sender
+    in its echoes (MRC_F_ELOSS), and the split gives those EVs less of the
+    plane than the others."""
+    spines = lab.spines(0, 0, 1)
+    spine = max((0, 1), key=lambda s: sum(1 for v in spines.values() if v == s))
+    lossy = {ev for ev, s in spines.items() if s == spine}
+    assert 0 < len(lossy) < EVS, spines
+    rx0 = {x["ev"]: x for x in lab.paths(1, "h0")}
+    tx0 = {x["ev"]: x for x in lab.paths(0, "h1")}
+    lab.tb.link_loss(0, 0, spine, 1.0, direction="up")
+    try:
+        s, r = lab.transfer(0, 1, "32M", port=5606)
+        share = {x["ev"]: x["slot_share"] for x in lab.paths(0, "h1") if x["plane"] == "p0"}
+    finally:
+        lab.tb.link_loss(0, 0, spine, 0, direction="up")
+    assert s["sha256"] == r["sha256"]
+    rx = {x["ev"]: x for x in lab.paths(1, "h0")}
+    lost = {ev: sum(x[k] - rx0[ev][k] for k in ("rx_lost_units", "rx_lost_segs")) for ev, x in rx.items()}
+    echoes = {x["ev"]: x["loss_echoes"] - tx0[x["ev"]]["loss_echoes"] for x in lab.paths(0, "h1")}
+    assert all(lost[ev] > 0 and echoes[ev] > 0 for ev in lossy), (lost, echoes, lossy)
+    # the other EVs lost next to nothing (the receiver's own drops, if any)
+    assert sum(v for ev, v in lost.items() if ev not in lossy) < 0.2 * sum(lost[ev] for ev in lossy), \
+        (lost, lossy)
+    assert max(share[ev] for ev in lossy) < min(v for ev, v in share.items() if ev not in lossy), \
+        (share, lossy, lost)
+
+
 
 def _split_plane(lab: Lab, p: int) -> dict[int, int]:
     """The EVs of host 0's paths on plane p -> the spine leaf 0 sends each

@@ -146,7 +146,7 @@ def _hdr(rng: random.Random, mtype: int) -> bytes:
                                path_id=rng.choice([0, 1, 2, 3, rng.getrandbits(16)]),
                                psn=rng.getrandbits(32), tx_ts=rng.getrandbits(32), segs=segs,
                                seg_size=rng.choice([0, 1000, 1448, rng.getrandbits(16)]),
-                               seq0=rng.getrandbits(32), fb_path=rng.choice([0, 1, 3, rng.getrandbits(16)]),
+                               seq0=rng.getrandbits(32), fb_path=rng.choice([0, 1, 3, rng.getrandbits(8)]), path_seq=rng.getrandbits(8),
                                fb_ts=rng.getrandbits(32))
 
 

@@ -102,6 +102,25 @@ def test_one_feedback_frame_per_path_and_ms(fdp):
     assert [(h.type, h.fb_path) for h in got] == [(wire.MsgType.FEEDBACK, 2)]
 
 
+def test_a_feedback_frame_says_its_path_lost_units(fdp):
+    """One-way traffic hears of loss per EV too: a unit after a gap in its
+    path's unit count gets a feedback frame with MRC_F_ELOSS, and the
+    sender counts it for that path (mrc_path_cong.loss_echoes)."""
+    assert fdp.run_rx_tc(data(0, psn=10, path_seq=4), ingress=fdp.fb_ifindex)[0] == XDP_PASS
+    fdp.set_live(0, fb_frame_ns=0)
+    assert fdp.run_rx_tc(data(0, psn=30, path_seq=7), ingress=fdp.fb_ifindex)[0] == XDP_PASS
+    got = [wire.decode_mrc_hdr(f[42:42 + wire.MRC_HDR_LEN]) for f in mrc_frames(captured(fdp))]
+    assert [h.flags for h in got] == [wire.MRC_F_FEEDBACK, wire.MRC_F_FEEDBACK | wire.MRC_F_ELOSS]
+    assert fdp.stats(0).rx_lost_units == 2
+    # the sender's side: the frame's echo, received, counts as a loss echo for path 0
+    ret, _ = fdp.run_rx(pkt.mrc_frame(4, type=wire.MsgType.FEEDBACK, path_id=0, psn=0, tx_ts=now_us(),
+                                      flags=wire.MRC_F_FEEDBACK | wire.MRC_F_ELOSS, fb_path=0,
+                                      fb_ts=now_us() - 100))
+    assert ret == XDP_DROP
+    cong = wire.PathCong.unpack(fdp.maps["mrc_path_cong"].lookup(fdp.sizing.path_key(PEER, 0)))
+    assert cong.loss_echoes == 1
+
+
 def test_no_feedback_frame_when_reverse_data_echoes(fdp):
     """Reverse data that echoed the path within the last ms carries the
     evidence already; the XDP hook never sends any (it cannot clone)."""

@@ -344,7 +344,7 @@ def test_unknown_type_and_path(hd):
         rx(hd, frame(type=wire.MsgType.TRACE, flags=flags, **fresh()), XDP_DROP, R.RX_TRACE)
     # a feedback frame is consumed, never delivered, whatever it carries
     rx(hd, frame(type=wire.MsgType.FEEDBACK, **fresh()), XDP_DROP, R.RX_FEEDBACK)
-    rx(hd, frame(type=wire.MsgType.FEEDBACK, flags=wire.MRC_F_FEEDBACK, fb_path=0xFFFF,
+    rx(hd, frame(type=wire.MsgType.FEEDBACK, flags=wire.MRC_F_FEEDBACK, fb_path=0xFF,
                  fb_ts=now_us(), **fresh()), XDP_DROP, R.RX_FEEDBACK)
     for p in (len(PATHS), 255, 256, 0xFFFF):
         rx(hd, frame(path_id=p, **fresh()), XDP_DROP, R.RX_UNKNOWN_PATH)

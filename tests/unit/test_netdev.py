@@ -45,10 +45,10 @@ def test_root_qdiscs_reads_shaper_rates_and_backlog():
     assert got["qb"] == [0, 40_000_000_000 // 8]
     assert got["lo"] == [0, None]           # noqueue: a root qdisc without a shaper
     # tens of the 1442-byte frames are still queued (the socket's send buffer
-    # holds back the rest), and tc, asked right after, agrees (1 Mbit/s drains
-    # about 9 frames a second)
+    # holds back the rest), and tc, asked right after, agrees: 1 Mbit/s
+    # drains about 87 frames a second, and starting tc took 60 ms in a CI run
     assert 20 * 1442 <= backlog_a <= 100 * 1442
-    assert backlog_a - 5 * 1442 <= tc["backlog"] <= backlog_a
+    assert backlog_a - 20 * 1442 <= tc["backlog"] <= backlog_a
 
 
 FEATURES = ("import json, sys; sys.path.insert(0, %r)\n"

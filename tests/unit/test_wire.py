@@ -160,7 +160,7 @@ def test_roundtrips():
 def test_mrc_hdr_encoding():
     b = wire.encode_mrc_hdr(wire.MsgType.PROBE, flags=wire.MRC_F_FEEDBACK, path_id=0x0102,
                             psn=0x03040506, tx_ts=0x0708090A, segs=2, seg_size=0x0B0C,
-                            seq0=0x0D0E0F10, fb_path=0x1112, fb_ts=0x13141516)
+                            seq0=0x0D0E0F10, path_seq=0x11, fb_path=0x12, fb_ts=0x13141516)
     assert b == bytes.fromhex("1101" "0102" "03040506" "0708090a" "0002" "0b0c" "0d0e0f10"
                               "1112" "0000" "13141516")
     h = wire.decode_mrc_hdr(b)
