@@ -141,6 +141,7 @@ EV_PROBE = 0.5          # growth per interval of an EV without a queue beside on
                         # enough to leave a congested link within ~0.1 s (docs/fabric.md)
 EV_PROBE_AFTER = 1      # ... from the first interval a sibling's queue stands: the EVs of a plane
                         # share the far host and the plane's own queue, so the comparison is fair
+LOSS_WITHIN = 1         # loss counts when the path's last look with echoes saw loss too
 MARK_REL = 0.25         # marked this much more often than a sibling: a congested link of its own
 EV_Q_SAT_US = 1000.0    # an EV's own queue this long says its link is full: TCP sprayed over
                         # paths of unequal delay backs off on the reordering, and a congested
@@ -179,7 +180,8 @@ class _PeerState:
     ev_d: list[float | None] = field(default_factory=list)
     ev_idle: list[int] = field(default_factory=list)
     ev_q: list[float | None] = field(default_factory=list)   # per path: its own queue at the last look
-    last_marks: tuple | None = None      # per path: (CE or loss echoes, echoes) at the last look
+    last_marks: tuple | None = None      # per path: (CE echoes, loss echoes, echoes) at the last look
+    loss_age: list | None = None         # per path: looks with echoes since the last that said loss
 
 
 def quantize(shares: list[float], usable: list[bool], total: int = SCALE) -> list[int]:
@@ -304,6 +306,17 @@ def with_marks(q_own: list[float | None], marks: list[float | None], q_sat: floa
     low = min(seen)
     return [max(q or 0.0, 2 * q_sat) if m is not None and m - low >= MARK_REL else q
             for q, m in zip(q_own, marks)]
+
+
+def standing_loss(loss: list[float | None], age: list[int]) -> tuple[list[float], list[int]]:
+    """`loss`: per path, the fraction of its echoes since the last look that
+    said loss (None: no echo); `age`: per path, looks with echoes since the
+    last that said loss. Loss counts where it stands, at this look and at
+    one of the LOSS_WITHIN before it: a link that drops at random does so
+    look after look, a TCP filling healthy links loses a burst on one now
+    and then. Returns the loss that counts and the new ages."""
+    stood = [0.0 if f is None or a > LOSS_WITHIN else f for f, a in zip(loss, age)]
+    return stood, [a if f is None else 1 if f > 0 else a + 1 for f, a in zip(loss, age)]
 
 
 def _least(xs: list[float | None]) -> float | None:
@@ -643,21 +656,27 @@ class Controller:
 
     def _marks(self, peer: cfgmod.Peer, st: _PeerState, samples: list[int]) -> list[float | None]:
         """Per path: the fraction of its echoes (`samples`: the paths' echo
-        counts now) since the last look that said CE or loss (mrc_path_cong,
-        bpf/congest.h); None without an echo. CE counts only where the
-        operator left ECN avoidance on (weights.ecn_hold_us > 0); loss
-        always: a dropping link is full whatever the operator chose."""
+        counts now) since the last look that said CE, or loss where it
+        stands (standing_loss; mrc_path_cong, bpf/congest.h); None without
+        an echo. CE counts only where the operator left ECN avoidance on
+        (weights.ecn_hold_us > 0); loss always: a dropping link is full
+        whatever the operator chose."""
         n = len(peer.paths)
         cong = self.dp.map("mrc_path_cong")
         raw = memoryview(cong.read_raw(self.dp.path_idx(peer.index, 0), n)).cast("Q")
         step = cong.value_size // 8
-        marked = list(raw[_CONG_LOSS // 8::step])
-        if self.cfg.weights.ecn_hold_us:
-            marked = [a + b for a, b in zip(marked, raw[_CONG_CE // 8::step])]
-        (last, seen), st.last_marks = st.last_marks or ([], []), (marked, samples)
-        if len(last) != n:
+        ce = list(raw[_CONG_CE // 8::step]) if self.cfg.weights.ecn_hold_us else [0] * n
+        loss = list(raw[_CONG_LOSS // 8::step])
+        last, st.last_marks = st.last_marks, (ce, loss, samples)
+        if last is None or len(last[0]) != n:
             return [None] * n
-        return [min(1.0, (a - b) / (e - f)) if e > f else None for a, b, e, f in zip(marked, last, samples, seen)]
+
+        def frac(now: list[int], before: list[int]) -> list[float | None]:
+            return [min(1.0, (a - b) / (e - f)) if e > f else None
+                    for a, b, e, f in zip(now, before, samples, last[2])]
+        ce_f, loss_f = frac(ce, last[0]), frac(loss, last[1])
+        stood, st.loss_age = standing_loss(loss_f, st.loss_age or [LOSS_WITHIN + 1] * n)
+        return [None if c is None else max(c, x) for c, x in zip(ce_f, stood)]
 
     def _split(self, peer: cfgmod.Peer, st: _PeerState, qp: list[float | None], sent: list[int],
                usable: list[bool], marks: list[float | None], now: float) -> bool:

@@ -215,7 +215,8 @@ def test_traffic_moves_off_the_evs_of_a_lossy_link(lab):
     across it, from gaps in their unit counts (tc: the link drops whole
     units) or their segments (XDP: the sender segments), tells the sender
     in its echoes (MRC_F_ELOSS), and the split gives those EVs less of the
-    plane than the others."""
+    plane than the others (10 % less at least, over the whole transfer).
+    Without loss per EV they carry as much as the others."""
     spines = lab.spines(0, 0, 1)
     spine = max((0, 1), key=lambda s: sum(1 for v in spines.values() if v == s))
     lossy = {ev for ev, s in spines.items() if s == spine}
@@ -224,19 +225,23 @@ def test_traffic_moves_off_the_evs_of_a_lossy_link(lab):
     tx0 = {x["ev"]: x for x in lab.paths(0, "h1")}
     lab.tb.link_loss(0, 0, spine, 1.0, direction="up")
     try:
-        s, r = lab.transfer(0, 1, "32M", port=5606)
-        share = {x["ev"]: x["slot_share"] for x in lab.paths(0, "h1") if x["plane"] == "p0"}
+        s, r = lab.transfer(0, 1, "64M", port=5606)
     finally:
         lab.tb.link_loss(0, 0, spine, 0, direction="up")
     assert s["sha256"] == r["sha256"]
     rx = {x["ev"]: x for x in lab.paths(1, "h0")}
+    tx = {x["ev"]: x for x in lab.paths(0, "h1")}
     lost = {ev: sum(x[k] - rx0[ev][k] for k in ("rx_lost_units", "rx_lost_segs")) for ev, x in rx.items()}
-    echoes = {x["ev"]: x["loss_echoes"] - tx0[x["ev"]]["loss_echoes"] for x in lab.paths(0, "h1")}
+    echoes = {ev: x["loss_echoes"] - tx0[ev]["loss_echoes"] for ev, x in tx.items()}
+    # what each EV of plane 0 carried over the transfer, not the split at its
+    # end: a split moves back within a few looks when loss pauses
+    share = {ev: x["tx_bytes"] - tx0[ev]["tx_bytes"] for ev, x in tx.items() if x["plane"] == "p0"}
     assert all(lost[ev] > 0 and echoes[ev] > 0 for ev in lossy), (lost, echoes, lossy)
     # the other EVs lost next to nothing (the receiver's own drops, if any)
     assert sum(v for ev, v in lost.items() if ev not in lossy) < 0.2 * sum(lost[ev] for ev in lossy), \
         (lost, lossy)
-    assert max(share[ev] for ev in lossy) < min(v for ev, v in share.items() if ev not in lossy), \
+    mean = lambda vals: sum(vals) / len(vals)   # noqa: E731
+    assert mean([share[ev] for ev in lossy]) < 0.9 * mean([v for ev, v in share.items() if ev not in lossy]), \
         (share, lossy, lost)
 
 

@@ -464,3 +464,20 @@ def test_an_evs_own_queue_counts_when_it_stood_at_two_looks_in_a_row():
     assert not look([200.0, 3000.0, 250.0, 300.0])      # another EV this time: noise
     assert look([200.0, 3000.0, 250.0, 300.0])          # the same EV again: its own queue
     assert st.ev_w[1] < 0.25
+
+
+def test_loss_counts_where_it_stands():
+    """A burst at one look moves nothing; loss at two looks in a row does,
+    with the fraction of the second; a look without echoes neither ages nor
+    clears a path's memory; a look without loss ends it."""
+    age = [W.LOSS_WITHIN + 1] * 3
+    stood, age = W.standing_loss([0.3, 0.0, None], age)
+    assert stood == [0.0, 0.0, 0.0]
+    stood, age = W.standing_loss([0.2, 0.4, None], age)
+    assert stood == [0.2, 0.0, 0.0]
+    stood, age = W.standing_loss([None, 0.4, 0.5], age)
+    assert stood == [0.0, 0.4, 0.0]
+    stood, age = W.standing_loss([0.1, 0.0, 0.2], age)
+    assert stood == [0.1, 0.0, 0.2]                      # path 0: the look without echoes did not age it
+    stood, age = W.standing_loss([0.0, 0.3, 0.3], age)
+    assert stood == [0.0, 0.0, 0.3]                      # path 1: a clean look in between
