@@ -22,13 +22,16 @@
  * units that never arrived on that path, and each unit's segments
  * (psn..psn+segs-1, in order on one path), so it sees a unit that arrived
  * in part. Either sets MRC_F_ELOSS on the path's echoes for a while;
- * the sender counts such echoes (loss_echoes) and the agent's per-EV split
- * reads them beside the CE marks (mrcctl/agent/weights.py). The slot walk
+ * the sender counts such echoes (loss_echoes), which the agent's per-EV
+ * split reads beside the CE marks where weights.loss is on
+ * (mrcctl/agent/weights.py). A unit skipped
+ * is counted lost one unit later, when it has not come meanwhile: two CPUs
+ * sending (or receiving) on one path swap neighbours. The slot walk
  * does not hold a lossy path: a receiver's own drops (a full backlog)
  * hit whatever paths were arriving, which only the split's comparison
- * of siblings tells apart. Reordering within one path (two receive CPUs)
- * reads as loss too; on one plane every EV shares that, and the split
- * compares EVs with their siblings.
+ * of siblings tells apart. Reordering within one path by more than one unit
+ * reads as loss; on one plane every EV shares that, and the split compares
+ * EVs with their siblings.
  */
 #ifndef MRC_CONGEST_H
 #define MRC_CONGEST_H
@@ -116,10 +119,27 @@ static __always_inline void cong_rx_loss(__u32 peer, __u32 path, __u32 unit, __u
 		if (c->rx_end && (__s32)gap > 0 && gap <= 0xffff)
 			segs_lost += gap;
 		if (!hedged) {
+			bool seen = c->rx_seq & CONG_SEQ_SEEN;
+
 			d = seq - (__u8)c->rx_seq;
-			if ((c->rx_seq & CONG_SEQ_SEEN) && d >= 2 && d < CONG_SEQ_BACK)
-				units_lost = d - 1;
-			if (!(c->rx_seq & CONG_SEQ_SEEN) || d < CONG_SEQ_BACK)
+			if (seen && d >= CONG_SEQ_BACK) {
+				/* behind the last: the late half of a swap
+				 * fills the hole its partner left */
+				if ((c->rx_hole & CONG_SEQ_SEEN) && (__u8)c->rx_hole == seq)
+					c->rx_hole = 0;
+			} else if (seen && d) {	/* d 0: two sending CPUs took one number */
+				/* a hole still open one unit later was a loss;
+				 * the newest unit skipped waits for one unit
+				 * (two sending or receiving CPUs swap a pair) */
+				if (c->rx_hole & CONG_SEQ_SEEN)
+					units_lost = 1;
+				c->rx_hole = 0;
+				if (d >= 2) {
+					units_lost += d - 2;
+					c->rx_hole = CONG_SEQ_SEEN | (__u8)(seq - 1);
+				}
+			}
+			if (!seen || d < CONG_SEQ_BACK)
 				c->rx_seq = CONG_SEQ_SEEN | seq;
 		}
 		gap = psn - unit;	/* the unit's head */

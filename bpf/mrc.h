@@ -625,7 +625,9 @@ struct mrc_path_cong {
 				 * mrc_rx (congest.h) */
 	__u32	rx_seq;		/* receiver: the last path_seq seen, with
 				 * CONG_SEQ_SEEN; writer: mrc_rx (congest.h) */
-	__u32	rsvd;
+	__u32	rx_hole;	/* receiver: the one path_seq skipped last, with
+				 * CONG_SEQ_SEEN, not yet counted lost: two CPUs
+				 * swap units; writer: mrc_rx (congest.h) */
 };
 
 /*

@@ -141,7 +141,7 @@ EV_PROBE = 0.5          # growth per interval of an EV without a queue beside on
                         # enough to leave a congested link within ~0.1 s (docs/fabric.md)
 EV_PROBE_AFTER = 1      # ... from the first interval a sibling's queue stands: the EVs of a plane
                         # share the far host and the plane's own queue, so the comparison is fair
-LOSS_WITHIN = 1         # loss counts when the path's last look with echoes saw loss too
+LOSS_LOOKS = 3          # loss counts when this many of the path's looks with echoes in a row saw it
 MARK_REL = 0.25         # marked this much more often than a sibling: a congested link of its own
 EV_Q_SAT_US = 1000.0    # an EV's own queue this long says its link is full: TCP sprayed over
                         # paths of unequal delay backs off on the reordering, and a congested
@@ -181,7 +181,7 @@ class _PeerState:
     ev_idle: list[int] = field(default_factory=list)
     ev_q: list[float | None] = field(default_factory=list)   # per path: its own queue at the last look
     last_marks: tuple | None = None      # per path: (CE echoes, loss echoes, echoes) at the last look
-    loss_age: list | None = None         # per path: looks with echoes since the last that said loss
+    loss_run: list | None = None         # per path: its looks with echoes in a row that said loss
 
 
 def quantize(shares: list[float], usable: list[bool], total: int = SCALE) -> list[int]:
@@ -308,15 +308,15 @@ def with_marks(q_own: list[float | None], marks: list[float | None], q_sat: floa
             for q, m in zip(q_own, marks)]
 
 
-def standing_loss(loss: list[float | None], age: list[int]) -> tuple[list[float], list[int]]:
+def standing_loss(loss: list[float | None], run: list[int]) -> tuple[list[float], list[int]]:
     """`loss`: per path, the fraction of its echoes since the last look that
-    said loss (None: no echo); `age`: per path, looks with echoes since the
-    last that said loss. Loss counts where it stands, at this look and at
-    one of the LOSS_WITHIN before it: a link that drops at random does so
-    look after look, a TCP filling healthy links loses a burst on one now
-    and then. Returns the loss that counts and the new ages."""
-    stood = [0.0 if f is None or a > LOSS_WITHIN else f for f, a in zip(loss, age)]
-    return stood, [a if f is None else 1 if f > 0 else a + 1 for f, a in zip(loss, age)]
+    said loss (None: no echo); `run`: per path, its looks with echoes in a
+    row that said loss. Loss counts where it stands, at LOSS_LOOKS looks in
+    a row: a link that drops at random does so look after look, while TCP
+    filling healthy links loses a burst on one now and then. Returns the
+    loss that counts and the new runs."""
+    run = [r if f is None else r + 1 if f > 0 else 0 for f, r in zip(loss, run)]
+    return [f if f is not None and r >= LOSS_LOOKS else 0.0 for f, r in zip(loss, run)], run
 
 
 def _least(xs: list[float | None]) -> float | None:
@@ -590,7 +590,7 @@ class Controller:
             for i in range(n):
                 rate = sent[i] / dt
                 st.ev_d[i] = rate if st.ev_d[i] is None else EWMA * rate + (1 - EWMA) * st.ev_d[i]
-            marks = self._marks(peer, st, samples) if busy else [None] * n
+            ce, marks = self._marks(peer, st, samples) if busy else ([None] * n, [None] * n)
             split = busy and self.cfg.weights.per_ev and self._split(peer, st, qp, sent, usable, marks, now)
             # per plane: the paths of a plane share its queue and its rate
             q: list[float | None] = []
@@ -630,8 +630,12 @@ class Controller:
                     full[k] = local > Q_SAT_US
             # a plane all of whose EVs were marked more often than another's
             # (one with an unmarked EV is the split's to fix, above: counting
-            # its marked EVs against it starved a plane with a healthy EV)
-            q_own = with_marks(q_own, [_least([marks[i] for i in g]) for g in st.groups], Q_SAT_US)
+            # its marked EVs against it starved a plane with a healthy EV).
+            # CE only, not loss: a plane's EVs all lose while a fault retires
+            # some of them, and a plane weighted down then stayed down after
+            # the heal, since weights move only while some plane queues
+            # (docs/benchmarks/cross.md, the failover column)
+            q_own = with_marks(q_own, [_least([ce[i] for i in g]) for g in st.groups], Q_SAT_US)
             if not any(x is not None and x > Q_SAT_US for x in q_own):
                 # No plane has a queue of its own: every one has room, there
                 # is nothing to learn, and moving weight would only reorder.
@@ -654,29 +658,33 @@ class Controller:
             self._apply(peer, st)
         return IDLE_STEP_S if len(asleep) == len(self.by_index) else None
 
-    def _marks(self, peer: cfgmod.Peer, st: _PeerState, samples: list[int]) -> list[float | None]:
+    def _marks(self, peer: cfgmod.Peer, st: _PeerState,
+               samples: list[int]) -> tuple[list[float | None], list[float | None]]:
         """Per path: the fraction of its echoes (`samples`: the paths' echo
-        counts now) since the last look that said CE, or loss where it
-        stands (standing_loss; mrc_path_cong, bpf/congest.h); None without
-        an echo. CE counts only where the operator left ECN avoidance on
-        (weights.ecn_hold_us > 0); loss always: a dropping link is full
-        whatever the operator chose."""
+        counts now) since the last look that said CE, and the larger of that
+        and the fraction that said loss where loss stands (standing_loss;
+        mrc_path_cong, bpf/congest.h); None without an echo. CE counts only
+        where the operator left ECN avoidance on (weights.ecn_hold_us > 0),
+        loss where the operator turned it on (weights.loss): off by default,
+        since in repeated fabric failovers the split reading it lost a fifth
+        of one connection's goodput for good after some heal
+        (docs/benchmarks/cross.md)."""
         n = len(peer.paths)
         cong = self.dp.map("mrc_path_cong")
         raw = memoryview(cong.read_raw(self.dp.path_idx(peer.index, 0), n)).cast("Q")
         step = cong.value_size // 8
         ce = list(raw[_CONG_CE // 8::step]) if self.cfg.weights.ecn_hold_us else [0] * n
-        loss = list(raw[_CONG_LOSS // 8::step])
+        loss = list(raw[_CONG_LOSS // 8::step]) if self.cfg.weights.loss else [0] * n
         last, st.last_marks = st.last_marks, (ce, loss, samples)
         if last is None or len(last[0]) != n:
-            return [None] * n
+            return [None] * n, [None] * n
 
         def frac(now: list[int], before: list[int]) -> list[float | None]:
             return [min(1.0, (a - b) / (e - f)) if e > f else None
                     for a, b, e, f in zip(now, before, samples, last[2])]
         ce_f, loss_f = frac(ce, last[0]), frac(loss, last[1])
-        stood, st.loss_age = standing_loss(loss_f, st.loss_age or [LOSS_WITHIN + 1] * n)
-        return [None if c is None else max(c, x) for c, x in zip(ce_f, stood)]
+        stood, st.loss_run = standing_loss(loss_f, st.loss_run or [0] * n)
+        return ce_f, [None if c is None else max(c, x) for c, x in zip(ce_f, stood)]
 
     def _split(self, peer: cfgmod.Peer, st: _PeerState, qp: list[float | None], sent: list[int],
                usable: list[bool], marks: list[float | None], now: float) -> bool:

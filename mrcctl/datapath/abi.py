@@ -744,7 +744,7 @@ class PathCong(_Struct):
     C_NAME: ClassVar[str] = "mrc_path_cong"
     LAYOUT: ClassVar = (("rx_ce_ns", "Q"), ("ce_ns", "Q"), ("ce_echoes", "Q"), ("hold_shift", "I"),
                         ("fb_ts", "I"), ("rx_loss_ns", "Q"), ("loss_echoes", "Q"), ("rx_next", "I"),
-                        ("rx_end", "I"), ("rx_seq", "I"), ("rsvd", "I"))
+                        ("rx_end", "I"), ("rx_seq", "I"), ("rx_hole", "I"))
 
 
 @_struct

@@ -162,6 +162,7 @@ class Weights:
     min_weight: float = 0.02      # floor of a usable path's share, so it keeps being measured
     ecn_hold_us: float = 1000.0   # after a CE echo the slot walk passes the path over this long (bpf/congest.h)
     per_ev: bool = True           # adaptive mode also splits each plane over its EVs by their own queues
+    loss: bool = False            # ... and moves weight off EVs whose echoes report loss (docs/fabric.md)
 
 
 EV_MAP_MODES = ("auto", "off")
@@ -1041,7 +1042,7 @@ def _allow_underlay(where: str, value) -> tuple[AclEntry, ...]:
 def _weights(w, typed: bool) -> Weights:
     """`typed`: some plane has a weight in the config (mode then defaults to fixed)."""
     w = _typed("weights", w, dict)
-    _check_keys("weights", w, {"mode", "interval_ms", "min_weight", "ecn_hold_us", "per_ev"})
+    _check_keys("weights", w, {"mode", "interval_ms", "min_weight", "ecn_hold_us", "per_ev", "loss"})
     d = Weights()
     mode = _typed("weights.mode", w.get("mode", "fixed" if typed else d.mode), str)
     if mode not in WEIGHT_MODES:
@@ -1050,7 +1051,9 @@ def _weights(w, typed: bool) -> Weights:
     mw = _float_in("weights.min_weight", w.get("min_weight", d.min_weight), 0, 0.5)
     hold = _float_in("weights.ecn_hold_us", w.get("ecn_hold_us", d.ecn_hold_us), 0, 1_000_000)
     per_ev = _typed("weights.per_ev", w.get("per_ev", d.per_ev), bool)
-    return Weights(mode=mode, interval_ms=iv, min_weight=mw, ecn_hold_us=hold, per_ev=per_ev, mode_set="mode" in w)
+    loss = _typed("weights.loss", w.get("loss", d.loss), bool)
+    return Weights(mode=mode, interval_ms=iv, min_weight=mw, ecn_hold_us=hold, per_ev=per_ev, loss=loss,
+                   mode_set="mode" in w)
 
 
 def _ev_map(m) -> EvMap:

@@ -68,12 +68,16 @@ def test_consecutive_units_are_no_loss(dp):
 
 
 def test_a_gap_in_path_seq_is_units_lost_and_echoed(dp):
+    """Units 6 and 7 skipped: 6 is counted at once, 7 (the newest skipped,
+    which a swap would bring next) when the unit after 8 comes without it."""
     dp.set_cfg(udp_port=UDP_PORT)
     t0 = time.monotonic_ns()
     deliver(dp, unit_seg(10, 5), unit_seg(40, 8))
-    assert lost(dp) == (2, 0)
+    assert lost(dp) == (1, 0)
     assert cong(dp).rx_loss_ns >= t0
     assert echo_flags(dp) & wire.MRC_F_ELOSS
+    deliver(dp, unit_seg(50, 9))
+    assert lost(dp) == (2, 0)
     assert lost(dp, 0) == (0, 0)        # another path of the peer's: nothing
 
 
@@ -81,18 +85,29 @@ def test_path_seq_wraps(dp):
     dp.set_cfg(udp_port=UDP_PORT)
     deliver(dp, unit_seg(10, 254), unit_seg(20, 255), unit_seg(30, 0), unit_seg(40, 1))
     assert lost(dp) == (0, 0)
-    deliver(dp, unit_seg(50, 3))
+    deliver(dp, unit_seg(50, 3), unit_seg(60, 4))
     assert lost(dp) == (1, 0)
 
 
-def test_a_reordered_unit_is_not_counted_again(dp):
-    """A unit behind the last one (two receive CPUs) was counted lost when
-    the later one came; it moves nothing back, and the count goes on from
-    the later one."""
+def test_a_swapped_pair_is_no_loss(dp):
+    """Two CPUs sending (or receiving) on one path swap neighbours: 7
+    before 6 is no loss, and nothing is echoed; the count goes on from 7."""
     dp.set_cfg(udp_port=UDP_PORT)
-    deliver(dp, unit_seg(10, 5), unit_seg(30, 7), unit_seg(20, 6), unit_seg(40, 8))
+    deliver(dp, unit_seg(10, 5), unit_seg(30, 7), unit_seg(20, 6), unit_seg(40, 8), unit_seg(50, 9))
+    assert lost(dp) == (0, 0) and cong(dp).rx_loss_ns == 0
+    assert cong(dp).rx_seq & 0xFF == 9
+    assert not echo_flags(dp) & wire.MRC_F_ELOSS
+
+
+def test_a_unit_late_by_more_than_one_is_lost(dp):
+    """A hole waits for one unit only: 6 after 7 and 8 was counted lost
+    at 8, and moves nothing back."""
+    dp.set_cfg(udp_port=UDP_PORT)
+    deliver(dp, unit_seg(10, 5), unit_seg(30, 7), unit_seg(40, 8))
     assert lost(dp) == (1, 0)
-    assert cong(dp).rx_seq & 0xFF == 8
+    deliver(dp, unit_seg(20, 6), unit_seg(50, 9))
+    assert lost(dp) == (1, 0)
+    assert cong(dp).rx_seq & 0xFF == 9
 
 
 def test_hedged_units_do_not_count(dp):

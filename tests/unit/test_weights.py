@@ -168,6 +168,9 @@ def test_config_keys():
     assert parse().weights.per_ev and not parse('', '[weights]\nper_ev = false').weights.per_ev
     with pytest.raises(cfgmod.ConfigError, match="weights.per_ev: must be true or false"):
         parse('', '[weights]\nper_ev = 1')
+    assert not parse().weights.loss and parse('', '[weights]\nloss = true').weights.loss
+    with pytest.raises(cfgmod.ConfigError, match="weights.loss: must be true or false"):
+        parse('', '[weights]\nloss = "yes"')
     assert cfgmod.parse(BASE.format(peer="", extra="").replace(
         "[overlay]\n", "[overlay]\ngso_max_size = 16384\n")).gso_max_size == 16384
 
@@ -467,17 +470,17 @@ def test_an_evs_own_queue_counts_when_it_stood_at_two_looks_in_a_row():
 
 
 def test_loss_counts_where_it_stands():
-    """A burst at one look moves nothing; loss at two looks in a row does,
-    with the fraction of the second; a look without echoes neither ages nor
-    clears a path's memory; a look without loss ends it."""
-    age = [W.LOSS_WITHIN + 1] * 3
-    stood, age = W.standing_loss([0.3, 0.0, None], age)
-    assert stood == [0.0, 0.0, 0.0]
-    stood, age = W.standing_loss([0.2, 0.4, None], age)
-    assert stood == [0.2, 0.0, 0.0]
-    stood, age = W.standing_loss([None, 0.4, 0.5], age)
-    assert stood == [0.0, 0.4, 0.0]
-    stood, age = W.standing_loss([0.1, 0.0, 0.2], age)
-    assert stood == [0.1, 0.0, 0.2]                      # path 0: the look without echoes did not age it
-    stood, age = W.standing_loss([0.0, 0.3, 0.3], age)
-    assert stood == [0.0, 0.0, 0.3]                      # path 1: a clean look in between
+    """Loss moves an EV only at LOSS_LOOKS looks in a row that saw it; a
+    look without echoes neither extends nor breaks the run, a clean look
+    ends it."""
+    k = W.LOSS_LOOKS
+    run = [0] * 3
+    for _ in range(k - 1):
+        stood, run = W.standing_loss([0.3, 0.3, 0.3], run)
+        assert stood == [0.0, 0.0, 0.0]
+    stood, run = W.standing_loss([0.2, None, 0.0], run)
+    assert stood == [0.2, 0.0, 0.0]                      # path 0: the k-th look in a row
+    stood, run = W.standing_loss([0.1, 0.4, 0.4], run)
+    assert stood == [0.1, 0.4, 0.0]                      # path 1: the look without echoes did not break it
+    stood, run = W.standing_loss([0.0, 0.4, 0.4], run)
+    assert stood == [0.0, 0.4, 0.0]                      # path 2: its clean look started it over
