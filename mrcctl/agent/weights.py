@@ -670,6 +670,8 @@ class Controller:
         of one connection's goodput for good after some heal
         (docs/benchmarks/cross.md)."""
         n = len(peer.paths)
+        if not self.cfg.weights.ecn_hold_us and not self.cfg.weights.loss:
+            return [None] * n, [None] * n
         cong = self.dp.map("mrc_path_cong")
         raw = memoryview(cong.read_raw(self.dp.path_idx(peer.index, 0), n)).cast("Q")
         step = cong.value_size // 8
