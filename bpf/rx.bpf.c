@@ -164,8 +164,8 @@ struct rx_segs {
 	__u32	peer_idx;
 	__u32	path_id;
 	__u32	psn;		/* the first segment's wire PSN */
-	__u32	dups;		/* segments dedup_seen() had seen */
 	bool	hedged;
+	bool	first_seen;	/* dedup_seen() had seen the first segment */
 };
 
 /* reorder_account() as a global function: verified once, not once per
@@ -184,8 +184,8 @@ static long rx_seg_account(__u64 i, void *ctx)
 	if (!st)
 		return 1;
 	rx_reorder(r->peer_idx, r->path_id, r->psn + (__u32)i);
-	if (r->hedged && dedup_seen(r->peer_idx, r->psn + (__u32)i))
-		r->dups += 1;
+	if (r->hedged && dedup_seen(r->peer_idx, r->psn + (__u32)i) && i == 0)
+		r->first_seen = true;
 	return 0;
 }
 
@@ -200,9 +200,19 @@ enum rx_acc {
 /*
  * Reordering hints, duplicates and loss of the wire packets psn..psn+n-1,
  * within the sender's current epoch only (bpf/epoch.h); how far ahead of
- * the window a hedged copy was bounds what dedup may mark. Several
- * segments in one skb are a duplicate only if all are: part of an skb
- * cannot be dropped, and TCP discards the repeated bytes.
+ * the window a hedged copy was bounds what dedup may mark.
+ *
+ * A buffer of several segments (tc ingress) is a duplicate if its first
+ * PSN was seen: the copy whose compare-and-swap marks that PSN owns the
+ * unit. The two copies of a hedged unit are the same buffer, but they
+ * arrive on two planes and may be marked on two CPUs at once, their loops
+ * interleaved; had each been a duplicate only if all its segments were,
+ * both would have been delivered (seen under a busy CPU: 2 of 40 hedged
+ * blackhole runs gave TCP a whole unit twice). Only buffers cut
+ * differently from the same unit (one plane's XDP against another's tc)
+ * can lose by this: a copy dropped for its first segment while the rest
+ * of the owner's segments are still on a path that then fails, which TCP
+ * retransmits.
  *
  * Part of rx_data, which the verifier walks once; the window's own loops
  * are rx_reorder's.
@@ -225,7 +235,7 @@ static __always_inline int rx_account(__u32 peer_idx, __u32 path_id, __u32 psn,
 		};
 
 		bpf_loop(n, rx_seg_account, &r, 0);
-		if (mark && r.dups == n)
+		if (mark && r.first_seen)
 			return RX_ACC_DUP;
 	} else {
 		rx_reorder(peer_idx, path_id, psn);

@@ -385,3 +385,37 @@ def test_gso_unit_accounts_every_wire_psn(dp):
     hs = wire.HealthStats.sum(dp.maps["mrc_hstats"].lookup_percpu(wire.u32(0)))
     gso = (hs.rx_gso_units, hs.rx_gso_segs)
     assert gso == ((4, 14) if dp.rx_hook == "tc" else (0, 0))
+
+
+@pytest.mark.parametrize("rx_hook", ["tc"])
+def test_hedged_gso_copy_is_owned_by_its_first_segment(dp):
+    """tc ingress gets both copies of a hedged GSO unit as whole buffers, on
+    two planes and so possibly on two CPUs at once, their segment loops
+    interleaved. The copy that marks the first PSN owns the unit; the other
+    is a duplicate however few of its segments the owner has marked yet
+    (with "a duplicate only if every segment was seen", each copy sees
+    half, both reach TCP: the unit twice). XDP sees one wire segment per
+    frame, so only tc ingress has this case."""
+    seq0, seg, n = 20_000, 300, 8
+
+    def part(psn: int, first: int, count: int) -> tuple[bytes, int]:
+        inner = inner_ip(count * seg, pkt.IPPROTO_TCP, seq=seq0 + first * seg)
+        frame = mrc_frame(inner=inner, psn=psn, segs=n, seg_size=seg, seq0=seq0,
+                          flags=wire.MRC_F_HEDGE)
+        return frame, count
+
+    # the owner's loop has marked segments 0-2 when the twin's buffer runs
+    frame, segs = part(300, 0, 3)
+    assert dp.run_rx(frame, gso_segs=segs)[0] == XDP_PASS
+    before = dp.drops()
+    frame, segs = part(300, 0, n)
+    assert dp.run_rx(frame, gso_segs=segs)[0] == XDP_DROP
+    assert drops_delta(before, dp.drops()) == {wire.Reason.RX_DUPLICATE: 1}
+    # the twin still marked the rest: the owner's segments are all seen
+    assert dp.run_rx(part(300, 3, n - 3)[0], gso_segs=n - 3)[0] == XDP_DROP
+
+    # later segments seen first do not make a buffer with a new first PSN a
+    # duplicate: it owns its unit and is delivered (TCP drops the overlap)
+    assert dp.run_rx(part(400, 4, 4)[0], gso_segs=4)[0] == XDP_PASS
+    assert dp.run_rx(part(400, 0, n)[0], gso_segs=n)[0] == XDP_PASS
+    assert dp.run_rx(part(400, 0, n)[0], gso_segs=n)[0] == XDP_DROP
