@@ -95,7 +95,9 @@ static __always_inline __u32 evidence_ewma(__u32 old, __u64 sample)
  * coverage ages reached 25 ms, while the mean of the samples stayed near
  * 3-7 ms: the distribution has a tail a mean and deviation do not see, and
  * a fixed 20 ms retired healthy paths. */
-static __always_inline void evidence_cov(struct mrc_path_live *live, __u64 sample_ns)
+static __always_inline void evidence_cov(struct mrc_path_live *live,
+					 struct mrc_peer_seq *seq,
+					 __u64 sample_ns, __u64 now)
 {
 	__u32 v = sample_ns / 1000 > EVIDENCE_COV_CAP_US ? EVIDENCE_COV_CAP_US
 							  : (__u32)(sample_ns / 1000);
@@ -103,6 +105,7 @@ static __always_inline void evidence_cov(struct mrc_path_live *live, __u64 sampl
 
 	live->ev_cov_us = cov ? cov - (cov >> 3) + (v >> 3) : (v ? v : 1);
 	live->ev_cov_max_us = v >= peak ? v : peak - (peak >> 4);
+	judge_cov_add(seq, v, now);
 }
 
 /* The path's confirmed send time is live->last_ack_ns. If that moved (an
@@ -129,9 +132,9 @@ static __always_inline bool evidence_new(__u32 peer_idx, __u32 path_id,
 	}
 	live->ev_rtt_us = evidence_ewma(live->ev_rtt_us, (now - ack_ns) / 1000);
 	un = live->unacked_ns;
-	if (data && un && (__s64)(ack_ns - un) >= 0 && (__s64)(prev - un) < 0 &&
+	if (seq && un && (__s64)(ack_ns - un) >= 0 && (__s64)(prev - un) < 0 &&
 	    (__s64)(now - un) > 0)
-		evidence_cov(live, now - un);
+		evidence_cov(live, seq, now - un, now);
 	live->ev_rx_ns = now;
 	return true;
 }

@@ -88,6 +88,43 @@ static __always_inline bool judge_retire(__u32 peer_idx, __u32 pid,
 	return true;
 }
 
+/* The peer's coverage peak, a windowed maximum over every path to it
+ * (health_threshold takes it beside the path's own; evidence.h adds the
+ * samples): the largest sample of the current window of JUDGE_COV_WIN_NS
+ * and of the one before. A busy host delays the evidence of random paths: one path's
+ * decaying peak forgets a spike within a few dozen samples, and the next
+ * spike, landing on a path that had seen none, retired it (1 run in 4 of
+ * the busy-host test beside one CPU hog: a GOOD path at 34 ms against
+ * dead_after 20). Written only when a window turns or a sample beats the
+ * peak: the line stays mostly read. Races across CPUs cost a sample. */
+#define JUDGE_COV_WIN_NS	1000000000ULL
+
+static __always_inline void judge_cov_add(struct mrc_peer_seq *seq,
+					      __u32 v, __u64 now)
+{
+	__u64 age = now - seq->cov_win_ns;
+
+	if (age >= JUDGE_COV_WIN_NS) {
+		seq->cov_prev_us = age < 2 * JUDGE_COV_WIN_NS ? seq->cov_peak_us : 0;
+		seq->cov_peak_us = v;
+		seq->cov_win_ns = now;
+	} else if (v > seq->cov_peak_us) {
+		seq->cov_peak_us = v;
+	}
+}
+
+/* The peer's coverage peak now: 0 when no sample came for two windows. */
+static __always_inline __u32 judge_cov_peak(const struct mrc_peer_seq *seq, __u64 now)
+{
+	__u64 age = now - seq->cov_win_ns;
+
+	if (age >= 2 * JUDGE_COV_WIN_NS)
+		return 0;
+	if (age >= JUDGE_COV_WIN_NS)
+		return seq->cov_peak_us;
+	return seq->cov_peak_us > seq->cov_prev_us ? seq->cov_peak_us : seq->cov_prev_us;
+}
+
 /* The most the measured evidence delay may stretch dead_after: beyond
  * that a path that still confirms nothing is retired however slow its
  * evidence usually is (with 8, 50 ms blackholes of a flapping plane went
@@ -96,18 +133,22 @@ static __always_inline bool judge_retire(__u32 peer_idx, __u32 pid,
 
 /*
  * How late this path's evidence may be before it is overdue: dead_after,
- * or 2 x the recent peak of its coverage delay (evidence.h: from sending
- * the oldest outstanding unit to the evidence covering it) if that is
- * longer: a busy host, a slow reverse stream or many paths sharing its
- * echoes (with 1.5 x, fresh CI runs on this 2-core VM saw two paths of one
- * plane retired at 23.7 ms under the busy-host test). At most
- * HEALTH_THR_MAX_MULT x dead_after. Nanoseconds.
+ * or 2 x the recent peak of coverage delay (evidence.h: from sending the
+ * oldest outstanding unit to the evidence covering it), this path's or
+ * any sibling's (judge_cov_peak), if that is longer: a busy host, a slow
+ * reverse stream or many paths sharing its echoes (with 1.5 x, fresh CI
+ * runs on this 2-core VM saw two paths of one plane retired at 23.7 ms
+ * under the busy-host test). At most HEALTH_THR_MAX_MULT x dead_after.
+ * Nanoseconds.
  */
 static __always_inline __s64 health_threshold(const struct mrc_config *cfg,
-					      const struct mrc_path_live *live)
+					      const struct mrc_path_live *live,
+					      const struct mrc_peer_seq *seq,
+					      __u64 now)
 {
 	__s64 base = (__s64)cfg->dead_after_us * 1000;
-	__s64 t = (__s64)live->ev_cov_max_us * 2 * 1000;
+	__u32 peak = live->ev_cov_max_us, peer = judge_cov_peak(seq, now);
+	__s64 t = (__s64)(peak > peer ? peak : peer) * 2 * 1000;
 
 	if (t < base)
 		return base;
@@ -166,7 +207,7 @@ static __always_inline int health_judge(const struct mrc_config *cfg,
 	late = (__s64)(now - un) - (__s64)live->ev_rtt_us * 1000;
 	if (late < lag)
 		lag = late;
-	thr = health_threshold(cfg, live);
+	thr = health_threshold(cfg, live, seq, now);
 	if (lag > thr) {
 		/* Two strikes: one lost unit (a congestion drop, a queue
 		 * spike) must not retire a path. The first verdict remembers

@@ -382,7 +382,16 @@ struct mrc_peer_seq {
 	__u64	fb_rl_tat;	/* receiver: the feedback frames' GCRA bucket
 				 * (the next frame's theoretical send time);
 				 * writer: mrc_rx_tc (feedback.h) */
-	__u8	rx_pad[32];	/* the rest of mrc_rx's line; writer: none */
+	__u32	cov_peak_us;	/* sender: the largest coverage delay (evidence.h
+				 * evidence_cov) of any path to this peer in the
+				 * window begun at cov_win_ns; writer: mrc_rx
+				 * (evidence.h) */
+	__u32	cov_prev_us;	/* ... in the window before it (0 if that was
+				 * not the one just before); writer: mrc_rx
+				 * (evidence.h) */
+	__u64	cov_win_ns;	/* when the current window began; writer:
+				 * mrc_rx (evidence.h) */
+	__u8	rx_pad[16];	/* the rest of mrc_rx's line; writer: none */
 };
 _Static_assert(sizeof(struct mrc_peer_seq) == 128, "mrc_peer_seq: two cache lines");
 

@@ -606,7 +606,8 @@ class PeerSeq(_Struct):
     # mrc_tx's cache line, then mrc_rx's (mrc.h)
     LAYOUT: ClassVar = (("psn", "Q"), ("cursor", "Q"), ("fb_cursor", "Q"), ("tx_pad", "40s"),
                         ("rx_psn_max", "Q"), ("ack_max_ns", "Q"), ("ack_max_path", "I"), ("rsvd", "I"),
-                        ("fb_rl_tat", "Q"), ("rx_pad", "32s"))
+                        ("fb_rl_tat", "Q"), ("cov_peak_us", "I"), ("cov_prev_us", "I"),
+                        ("cov_win_ns", "Q"), ("rx_pad", "16s"))
 
 
 class _Counters(_Struct):

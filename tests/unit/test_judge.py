@@ -148,6 +148,58 @@ def test_threshold_is_capped(jdp):
     assert jdp.live(0).strike_ns == now - 45 * MS
 
 
+def test_a_siblings_recent_peak_stretches_the_threshold(jdp):
+    """A busy host delays the evidence of random paths: a coverage of 20 ms
+    on path 1 gives path 0, whose own evidence has been quick, the same
+    2 x 20 ms (capped at 4 x dead_after = 20 ms) for as long as the peak
+    stays in the peer's window (this one and the one before); two windows
+    without a sample forget it."""
+    jdp.set_slots([0])
+    now = time.monotonic_ns()
+    outstanding(jdp, 1, now - 20 * MS)
+    echo(jdp, 1, now - 20 * MS + 100_000)          # path 1 covered 20 ms after sending
+    seq = jdp.seq()
+    assert 19_000 <= seq.cov_peak_us <= 25_000 and seq.cov_peak_us == jdp.live(1).ev_cov_max_us
+    now = time.monotonic_ns()
+    peak = dict(ack_max_ns=now - MS, cov_peak_us=seq.cov_peak_us)
+    outstanding(jdp, 0, now - 15 * MS, ev_cov_us=1000, ev_cov_max_us=1000)
+    jdp.set_seq(cov_win_ns=seq.cov_win_ns, **peak)
+    assert send(jdp) == 0 and jdp.live(0).strike_ns == 0
+    # a window later the peak is the previous window's: still held
+    jdp.set_seq(cov_win_ns=now - 1_500 * MS, **peak)
+    outstanding(jdp, 0, now - 15 * MS, ev_cov_us=1000, ev_cov_max_us=1000)
+    assert send(jdp) == 0 and jdp.live(0).strike_ns == 0
+    # two windows later it is gone: 15 ms is past dead_after (5 ms)
+    jdp.set_seq(cov_win_ns=now - 2_500 * MS, **peak)
+    outstanding(jdp, 0, now - 15 * MS, ev_cov_us=1000, ev_cov_max_us=1000)
+    send(jdp)
+    assert jdp.live(0).strike_ns == now - 15 * MS
+
+
+def test_peer_window_turns(jdp):
+    """The first sample of a new window starts it; the old window's peak
+    becomes the previous one, or nothing if it was older than that."""
+    jdp.set_slots([0])
+    now = time.monotonic_ns()
+    jdp.set_seq(cov_peak_us=30_000, cov_prev_us=7_000, cov_win_ns=now - 1_200 * MS)
+    outstanding(jdp, 0, now - 2 * MS)
+    echo(jdp, 0, now - 2 * MS + 100_000)
+    seq = jdp.seq()
+    assert seq.cov_prev_us == 30_000 and 1_800 <= seq.cov_peak_us <= 5_000
+    assert seq.cov_win_ns > now
+    jdp.set_seq(cov_peak_us=30_000, cov_prev_us=7_000, cov_win_ns=now - 2_200 * MS)
+    now = time.monotonic_ns()
+    outstanding(jdp, 0, now - 2 * MS)
+    echo(jdp, 0, now - 2 * MS + 100_000)
+    assert jdp.seq().cov_prev_us == 0
+    # within the window a smaller sample leaves the peak alone
+    jdp.set_seq(cov_peak_us=30_000, cov_win_ns=time.monotonic_ns())
+    now = time.monotonic_ns()
+    outstanding(jdp, 0, now - 2 * MS)
+    echo(jdp, 0, now - 2 * MS + 100_000)
+    assert jdp.seq().cov_peak_us == 30_000
+
+
 def test_peak_decays(jdp):
     """One slow coverage raises the peak at once; quick ones bring it down
     by 1/16 each."""
