@@ -91,12 +91,13 @@ static __always_inline bool judge_retire(__u32 peer_idx, __u32 pid,
 /* The peer's coverage peak, a windowed maximum over every path to it
  * (health_threshold takes it beside the path's own; evidence.h adds the
  * samples): the largest sample of the current window of JUDGE_COV_WIN_NS
- * and of the one before. A busy host delays the evidence of random paths: one path's
- * decaying peak forgets a spike within a few dozen samples, and the next
- * spike, landing on a path that had seen none, retired it (1 run in 4 of
- * the busy-host test beside one CPU hog: a GOOD path at 34 ms against
- * dead_after 20). Written only when a window turns or a sample beats the
- * peak: the line stays mostly read. Races across CPUs cost a sample. */
+ * and of the one before. A busy host delays the evidence of random
+ * paths: one path's decaying peak forgets a spike within a few dozen
+ * samples, and the next spike, landing on a path that had seen none,
+ * retired it (1 run in 4 of the busy-host test beside one CPU hog: a GOOD
+ * path at 34 ms against dead_after 20). Written only when a window turns
+ * or a sample beats the peak: the line stays mostly read. Races across
+ * CPUs cost a sample. */
 #define JUDGE_COV_WIN_NS	1000000000ULL
 
 static __always_inline void judge_cov_add(struct mrc_peer_seq *seq,
