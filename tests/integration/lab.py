@@ -196,9 +196,12 @@ class Lab:
         return proc
 
     def start_sender(self, src: int, dst: int, nbytes: str = "64M", port: int = 5001, seed: int = 1,
-                     timeout: float = 60):
+                     timeout: float = 60, max_rate: str | None = None):
+        """max_rate: the socket's pacing rate in bytes/s (xfer.py --max-rate)."""
         cmd = [sys.executable, XFER, "send", "--to", self.overlay(dst), "--port", str(port),
                "--bytes", nbytes, "--seed", str(seed), "--timeout", str(timeout)]
+        if max_rate:
+            cmd += ["--max-rate", max_rate]
         return self.tb.popen(src, cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     @staticmethod
@@ -210,9 +213,9 @@ class Lab:
         return lines[-1]
 
     def transfer(self, src: int, dst: int, nbytes: str = "64M", port: int = 5001, seed: int = 1,
-                 timeout: float = 60) -> tuple[dict, dict]:
+                 timeout: float = 60, max_rate: str | None = None) -> tuple[dict, dict]:
         recv = self.start_receiver(dst, port, timeout)
-        send = self.start_sender(src, dst, nbytes, port, seed, timeout)
+        send = self.start_sender(src, dst, nbytes, port, seed, timeout, max_rate)
         return self.result(send, timeout + 30), self.result(recv, timeout + 30)
 
     def qdisc_counter(self, i: int, dev: str, key: str, kind: str | None = None) -> int:

@@ -10,14 +10,12 @@ under hedging. Every state change must show up in `mrcctl events --json`.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import threading
 import time
 
 import pytest
 
-from lab import FAST_HEALTH, Lab, XFER
+from lab import FAST_HEALTH, Lab
 
 PLANES = 4
 EVS = 4
@@ -41,11 +39,7 @@ def _clean(lab):
 # ------------------------------------------------------------------ helpers
 
 def sender(lab: Lab, nbytes: str, port: int, max_rate: str | None = None, timeout: float = 60):
-    cmd = [sys.executable, XFER, "send", "--to", lab.overlay(1), "--port", str(port),
-           "--bytes", nbytes, "--seed", str(port), "--timeout", str(timeout)]
-    if max_rate:
-        cmd += ["--max-rate", max_rate]
-    return lab.tb.popen(0, cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return lab.start_sender(0, 1, nbytes, port, seed=port, timeout=timeout, max_rate=max_rate)
 
 
 def transfer_during(lab: Lab, fault, nbytes: str = "40M", port: int = 5100,
