@@ -207,8 +207,8 @@ enum rx_acc {
  * unit. The two copies of a hedged unit are the same buffer, but they
  * arrive on two planes and may be marked on two CPUs at once, their loops
  * interleaved; had each been a duplicate only if all its segments were,
- * both would have been delivered (seen under a busy CPU: 2 of 40 hedged
- * blackhole runs gave TCP a whole unit twice). Only buffers cut
+ * both would have been delivered (seen under a busy CPU, see
+ * docs/developing-datapath.md). Only buffers cut
  * differently from the same unit (one plane's XDP against another's tc)
  * can lose by this: a copy dropped for its first segment while the rest
  * of the owner's segments are still on a path that then fails, which TCP

@@ -411,7 +411,8 @@ def test_hedged_gso_copy_is_owned_by_its_first_segment(dp):
     frame, segs = part(300, 0, n)
     assert dp.run_rx(frame, gso_segs=segs)[0] == XDP_DROP
     assert drops_delta(before, dp.drops()) == {wire.Reason.RX_DUPLICATE: 1}
-    # the twin still marked the rest: the owner's segments are all seen
+    # the dropped twin still marked its segments: a buffer that starts at
+    # one of them is a duplicate too
     assert dp.run_rx(part(300, 3, n - 3)[0], gso_segs=n - 3)[0] == XDP_DROP
 
     # later segments seen first do not make a buffer with a new first PSN a
