@@ -184,8 +184,13 @@ static long rx_seg_account(__u64 i, void *ctx)
 	if (!st)
 		return 1;
 	rx_reorder(r->peer_idx, r->path_id, r->psn + (__u32)i);
-	if (r->hedged && dedup_seen(r->peer_idx, r->psn + (__u32)i) && i == 0)
-		r->first_seen = true;
+	if (r->hedged) {
+		/* every segment is marked; the first one's verdict decides */
+		bool seen = dedup_seen(r->peer_idx, r->psn + (__u32)i);
+
+		if (i == 0)
+			r->first_seen = seen;
+	}
 	return 0;
 }
 

@@ -398,25 +398,24 @@ def test_hedged_gso_copy_is_owned_by_its_first_segment(dp):
     frame, so only tc ingress has this case."""
     seq0, seg, n = 20_000, 300, 8
 
-    def part(psn: int, first: int, count: int) -> tuple[bytes, int]:
+    def run(psn: int, first: int, count: int) -> int:
+        """The verdict on a buffer of segments first.. of a hedged unit."""
         inner = inner_ip(count * seg, pkt.IPPROTO_TCP, seq=seq0 + first * seg)
         frame = mrc_frame(inner=inner, psn=psn, segs=n, seg_size=seg, seq0=seq0,
                           flags=wire.MRC_F_HEDGE)
-        return frame, count
+        return dp.run_rx(frame, gso_segs=count)[0]
 
     # the owner's loop has marked segments 0-2 when the twin's buffer runs
-    frame, segs = part(300, 0, 3)
-    assert dp.run_rx(frame, gso_segs=segs)[0] == XDP_PASS
+    assert run(300, 0, 3) == XDP_PASS
     before = dp.drops()
-    frame, segs = part(300, 0, n)
-    assert dp.run_rx(frame, gso_segs=segs)[0] == XDP_DROP
+    assert run(300, 0, n) == XDP_DROP
     assert drops_delta(before, dp.drops()) == {wire.Reason.RX_DUPLICATE: 1}
     # the dropped twin still marked its segments: a buffer that starts at
     # one of them is a duplicate too
-    assert dp.run_rx(part(300, 3, n - 3)[0], gso_segs=n - 3)[0] == XDP_DROP
+    assert run(300, 3, n - 3) == XDP_DROP
 
     # later segments seen first do not make a buffer with a new first PSN a
     # duplicate: it owns its unit and is delivered (TCP drops the overlap)
-    assert dp.run_rx(part(400, 4, 4)[0], gso_segs=4)[0] == XDP_PASS
-    assert dp.run_rx(part(400, 0, n)[0], gso_segs=n)[0] == XDP_PASS
-    assert dp.run_rx(part(400, 0, n)[0], gso_segs=n)[0] == XDP_DROP
+    assert run(400, 4, 4) == XDP_PASS
+    assert run(400, 0, n) == XDP_PASS
+    assert run(400, 0, n) == XDP_DROP
