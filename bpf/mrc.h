@@ -609,6 +609,7 @@ struct mrc_event {
  * serves both directions: the receiver's field for the peer's path toward
  * us, the sender's for ours toward the peer (both ends number paths alike).
  */
+#define MRC_RX_UNITS		4	/* units per path counted at once (congest.h); a power of two */
 struct mrc_path_cong {
 	__u64	rx_ce_ns;	/* receiver: newest CE-marked DATA packet on the
 				 * peer's path; writer: mrc_rx (congest.h) */
@@ -627,16 +628,15 @@ struct mrc_path_cong {
 				 * loss; writer: mrc_rx (congest.h) */
 	__u64	loss_echoes;	/* sender: echoes with MRC_F_ELOSS for our path;
 				 * writer: mrc_rx (congest.h) */
-	__u32	rx_next;	/* receiver: the wire PSN expected next in the
-				 * unit last received on the path; writer:
-				 * mrc_rx (congest.h) */
-	__u32	rx_end;		/* receiver: that unit's PSN + segs; writer:
-				 * mrc_rx (congest.h) */
 	__u32	rx_seq;		/* receiver: the last path_seq seen, with
 				 * CONG_SEQ_SEEN; writer: mrc_rx (congest.h) */
 	__u32	rx_hole;	/* receiver: the one path_seq skipped last, with
 				 * CONG_SEQ_SEEN, not yet counted lost: two CPUs
 				 * swap units; writer: mrc_rx (congest.h) */
+	__u64	rx_units[MRC_RX_UNITS];	/* receiver: per unit of the
+				 * last MRC_RX_UNITS on the peer's path (by
+				 * path_seq), its end PSN << 32 | segs << 16 |
+				 * packets counted; writer: mrc_rx (congest.h) */
 };
 
 /*

@@ -65,6 +65,7 @@ MRC_CFG_PAWS_GUARD = 0x10
 MRC_DEDUP_WORDS = 512       # hedged-unit duplicate filter: 512 words of 32 PSNs
 MRC_TX_FLOWS = 64           # sender: highest TCP sequence per inner flow, slots per peer
 MRC_RX_FLOWS = 64           # receiver: newest TCP timestamp per inner flow, slots per peer
+MRC_RX_UNITS = 4            # receiver: units per path whose packets are counted at once
 
 MRC_PROBE_RING = 8            # outstanding probes per path whose nonces rx knows
 MRC_PROBE_BATCH = 256         # probes per run of the probe generator (bpf/probe_gen.bpf.c)
@@ -228,6 +229,7 @@ def c_constants() -> dict[str, int]:
         "MRC_DEDUP_WORDS": MRC_DEDUP_WORDS,
         "MRC_TX_FLOWS": MRC_TX_FLOWS,
         "MRC_RX_FLOWS": MRC_RX_FLOWS,
+        "MRC_RX_UNITS": MRC_RX_UNITS,
         "MRC_R_MAX": MRC_R_MAX,
         "MRC_OWNER_LOCAL": MRC_OWNER_LOCAL,
         "MRC_PROBE_RING": MRC_PROBE_RING,
@@ -744,8 +746,8 @@ class PathCong(_Struct):
     loss (bpf/congest.h), the receiver's and the sender's side of one path."""
     C_NAME: ClassVar[str] = "mrc_path_cong"
     LAYOUT: ClassVar = (("rx_ce_ns", "Q"), ("ce_ns", "Q"), ("ce_echoes", "Q"), ("hold_shift", "I"),
-                        ("fb_ts", "I"), ("rx_loss_ns", "Q"), ("loss_echoes", "Q"), ("rx_next", "I"),
-                        ("rx_end", "I"), ("rx_seq", "I"), ("rx_hole", "I"))
+                        ("fb_ts", "I"), ("rx_loss_ns", "Q"), ("loss_echoes", "Q"), ("rx_seq", "I"),
+                        ("rx_hole", "I"), ("rx_units", f"{8 * MRC_RX_UNITS}s"))
 
 
 @_struct

@@ -120,15 +120,55 @@ def test_hedged_units_do_not_count(dp):
 
 
 def test_segments_missing_from_a_unit_are_counted(dp):
+    """A unit's packets are counted in its slot; the unit MRC_RX_UNITS
+    later takes the slot and settles it: whatever did not come was lost
+    (its head, middle and tail alike)."""
     dp.set_cfg(udp_port=UDP_PORT)
-    # a whole unit, then one that lost its head (0), its middle (2) and tail (4)
     deliver(dp, *(unit_seg(100, 1, i, segs=3) for i in range(3)))
-    assert lost(dp) == (0, 0)
+    # unit 2 brings 2 of its 5 packets
     deliver(dp, unit_seg(103, 2, 1, segs=5), unit_seg(103, 2, 3, segs=5))
-    assert lost(dp) == (0, 2)
-    assert echo_flags(dp) & wire.MRC_F_ELOSS
-    deliver(dp, unit_seg(108, 3))       # the next unit shows the missing tail
+    for k in range(1, wire.MRC_RX_UNITS):       # units 3..: unit 2's slot stays its own
+        deliver(dp, unit_seg(107 + k, 2 + k))
+    assert lost(dp) == (0, 0)
+    deliver(dp, unit_seg(120, 2 + wire.MRC_RX_UNITS))   # takes unit 2's slot
     assert lost(dp) == (0, 3)
+    assert echo_flags(dp) & wire.MRC_F_ELOSS
+
+
+def test_units_interleaved_or_out_of_order_are_no_loss(dp):
+    """The packets of one unit reach the receiver through two CPUs, and two
+    sending CPUs interleave units on one path: no packet is lost, however
+    they alternate; a packet that never comes still counts, once its
+    unit's slot is taken, and one coming after that counts for nothing."""
+    dp.set_cfg(udp_port=UDP_PORT)
+    n = wire.MRC_RX_UNITS
+    a = [unit_seg(100, 1, i, segs=4) for i in range(4)]
+    b = [unit_seg(104, 2, i, segs=4) for i in range(4)]
+    deliver(dp, a[0], b[0], a[3], b[2], a[1], b[1], a[2], b[3])
+    deliver(dp, *(unit_seg(108 + k, 3 + k) for k in range(2 * n)))     # both slots taken again
+    assert lost(dp) == (0, 0) and cong(dp).rx_loss_ns == 0
+    base, seq = 108 + 2 * n, 3 + 2 * n
+    d = [unit_seg(base, seq, i, segs=4) for i in range(4)]
+    deliver(dp, d[0], d[2], d[3])                                   # d[1] does not come
+    deliver(dp, *(unit_seg(base + 4 + k, seq + 1 + k) for k in range(n)))
+    assert lost(dp) == (0, 1)
+    deliver(dp, d[1])                                               # too late: counts for none
+    deliver(dp, *(unit_seg(base + 4 + n + k, seq + 1 + n + k) for k in range(n)))
+    assert lost(dp) == (0, 1)
+
+
+def test_a_peer_starting_over_is_counted_anew(dp):
+    """The peer came up again and numbers its wire packets from far below
+    what the slots hold: its units take the slots (not late frames of the
+    old ones, which would count for nothing for good)."""
+    dp.set_cfg(udp_port=UDP_PORT)
+    n = wire.MRC_RX_UNITS
+    deliver(dp, *(unit_seg(1 << 24 | k, 1 + k) for k in range(n)))
+    base = 1000
+    d = [unit_seg(base, 1, i, segs=3) for i in range(3)]
+    deliver(dp, d[0], d[2])                                          # d[1] lost
+    deliver(dp, *(unit_seg(base + 3 + k, 2 + k) for k in range(n)))
+    assert lost(dp) == (0, 1)
 
 
 def test_an_old_loss_is_no_longer_echoed(dp):
