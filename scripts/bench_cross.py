@@ -14,8 +14,9 @@ its fair share (half the link), and, for mrc with per-EV weights, the share of
 plane 0 that the EVs across the link had when the stream's first datagrams
 reached the spine (the far end of the link; ARRIVAL) and 0.1, 0.5 and 2 s
 later (the agent's weights trace, MRC_WEIGHTS_TRACE). Rows, in one run on one
-testbed: mrc (defaults: per-EV weights), mrc with `weights.loss = true` (the
-split also reads loss per EV), mrc with `weights.per_ev = false`
+testbed: mrc (defaults: per-EV weights reading delay, CE marks and loss per
+EV), mrc with `weights.loss = false` (the split does not read loss), mrc with
+`weights.per_ev = false`
 (each plane's share spread evenly over its EVs, as before per-EV weights),
 MPTCP with one subflow per plane (each pinned to one spine by the leaf's hash).
 mrc is brought down and up before every trial, so each starts from even weights.
@@ -133,7 +134,7 @@ def run(a, tmp: Path) -> list[dict]:
         crossed = [x["id"] for x in paths if spines[x["ev"]] == spine]
         split = f"{len(crossed)} of {len(group)}"
         for name, extra in (("mrc (per-EV weights, the default)", ""),
-                            ("mrc, weights.loss = true", "[weights]\nloss = true\n"),
+                            ("mrc, weights.loss = false", "[weights]\nloss = false\n"),
                             ("mrc, weights.per_ev = false", "[weights]\nper_ev = false\n")):
             lab.write_config(0, **dict(lab.cfg_kw, extra=lab.cfg_kw.get("extra", "") + extra))
             trials = []

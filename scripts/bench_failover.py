@@ -401,8 +401,10 @@ class Scenario:
         self.spec = MATRIX_SCENARIOS[name]
         self.rto_min_us: dict[int, str] = {}     # what mptcp-rto5 found, to put back
         extra = "[health]\n" + (f"dead_after_ms = {a.dead_after}\n" if a.dead_after else "")
-        if a.weights_mode:
-            extra += f'[weights]\nmode = "{a.weights_mode}"\n'
+        weights = ([f'mode = "{a.weights_mode}"'] if a.weights_mode else []) + \
+            ([f"loss = {a.weights_loss}"] if a.weights_loss else [])
+        if weights:
+            extra += "[weights]\n" + "".join(x + "\n" for x in weights)
         kw = dict(fabric=self.spec["fabric"]) if self.spec["fabric"] else dict(rates=self.spec["rates"])
         if self.spec["udp"]:
             kw["rx_hook"] = "tc"
@@ -844,6 +846,8 @@ def main() -> int:
     ap.add_argument("--dead-after", type=int, help="matrix: mrc's health.dead_after_ms (default: mrc's default)")
     ap.add_argument("--weights-mode", choices=["fixed", "adaptive"],
                     help="matrix: mrc's weights.mode (default: mrc's default, adaptive unless weights are typed)")
+    ap.add_argument("--weights-loss", choices=["true", "false"],
+                    help="matrix: mrc's weights.loss (default: mrc's default)")
     ap.add_argument("--merge", action="store_true", help="matrix: keep the rows of failover-trials.json not rerun")
     ap.add_argument("--seqlog", metavar="DIR", help="matrix, TCP over mrc: log every unit host 0 sends and every "
                     "segment host 1 takes in (bpf/seqlog.bpf.c); keep the logs of trials with an RTO in DIR "

@@ -59,9 +59,11 @@ beyond EV_Q_REL of the plane's mean delay, so the sampling spread of a queue
 they all share is no one's own), or CE marks on its echoes MARK_REL more
 often than a sibling's (with_marks: a fabric that marks is seen long before
 a queue stands, and TCP sprayed over paths of unequal delay backs off on the
-reordering before one does); an EV with one is estimated at what it
-carries, one without probes up, and each EV's share of its plane follows
-its estimate. Between planes, marks count where all of a plane's EVs are
+reordering before one does), or loss standing above its siblings' over the
+last second or so (loss_looks, lossy_evs); an EV with one is estimated at
+what it carries, one without probes up, and each EV's share of its plane
+follows its estimate. A plane with none relaxes toward its configured split
+(relax_evs). Between planes, marks count where all of a plane's EVs are
 marked (a bottleneck the whole plane shares, which no split can avoid).
 Where every EV of a plane shares its fate (point-to-point planes) no EV has
 a queue of its own and the split stays even. A fabric link whose queue
@@ -141,7 +143,11 @@ EV_PROBE = 0.5          # growth per interval of an EV without a queue beside on
                         # enough to leave a congested link within ~0.1 s (docs/fabric.md)
 EV_PROBE_AFTER = 1      # ... from the first interval a sibling's queue stands: the EVs of a plane
                         # share the far host and the plane's own queue, so the comparison is fair
-LOSS_LOOKS = 3          # loss counts when this many of the path's looks with echoes in a row saw it
+LOSS_TAU_S = 1.0        # loss per EV: a count of the looks whose echoes said loss, decayed with this
+LOSS_LOOKS = 3.0        # ... stands at this count at least (lossy_evs; docs/fabric.md)
+LOSS_RATIO = 4.0        # ... and this many times the least lossy usable sibling's
+RELAX_TAU_S = 2.0       # a plane none of whose EVs queues, is marked or loses: its split returns
+                        # toward the configured one with this time constant (relax_evs)
 MARK_REL = 0.25         # marked this much more often than a sibling: a congested link of its own
 EV_Q_SAT_US = 1000.0    # an EV's own queue this long says its link is full: TCP sprayed over
                         # paths of unequal delay backs off on the reordering, and a congested
@@ -181,7 +187,8 @@ class _PeerState:
     ev_idle: list[int] = field(default_factory=list)
     ev_q: list[float | None] = field(default_factory=list)   # per path: its own queue at the last look
     last_marks: tuple | None = None      # per path: (CE echoes, loss echoes, echoes) at the last look
-    loss_run: list | None = None         # per path: its looks with echoes in a row that said loss
+    ev_home: list[float] = field(default_factory=list)   # per path: its configured share of the plane
+    loss_looks: list | None = None       # per path: decayed count of its looks that said loss (lossy_evs)
 
 
 def quantize(shares: list[float], usable: list[bool], total: int = SCALE) -> list[int]:
@@ -308,15 +315,51 @@ def with_marks(q_own: list[float | None], marks: list[float | None], q_sat: floa
             for q, m in zip(q_own, marks)]
 
 
-def standing_loss(loss: list[float | None], run: list[int]) -> tuple[list[float], list[int]]:
-    """`loss`: per path, the fraction of its echoes since the last look that
-    said loss (None: no echo); `run`: per path, its looks with echoes in a
-    row that said loss. Loss counts where it stands, at LOSS_LOOKS looks in
-    a row: a link that drops at random does so look after look, while TCP
-    filling healthy links loses a burst on one now and then. Returns the
-    loss that counts and the new runs."""
-    run = [r if f is None else r + 1 if f > 0 else 0 for f, r in zip(loss, run)]
-    return [f if f is not None and r >= LOSS_LOOKS else 0.0 for f, r in zip(loss, run)], run
+def loss_looks(saw: list[bool], looks: list[float], dt: float) -> list[float]:
+    """Per path, the count of looks whose echoes said loss, decayed with
+    LOSS_TAU_S over time (`saw`: this look's echoes of the path said loss;
+    `dt`: seconds since the last look). A count of looks, not a fraction of
+    echoes or units: the receiver flags a path's echoes for a fixed time
+    after a loss, so the fraction of flagged echoes grows with the path's
+    rate, and a rule over looks in a row (what this replaced) read a link
+    dropping 1 % under a stream of a few units per look only at random."""
+    decay = math.exp(-dt / LOSS_TAU_S) if dt > 0 else 1.0
+    return [x * decay + (1.0 if s else 0.0) for s, x in zip(saw, looks)]
+
+
+def lossy_evs(looks: list[float], usable: list[bool]) -> list[bool]:
+    """One plane's EVs whose loss stands: a count of lossy looks (loss_looks)
+    of LOSS_LOOKS at least and LOSS_RATIO times the least of its usable
+    siblings' (a retired EV carries nothing, so its count says nothing). A link that drops at
+    random loses look after look, on its EVs only; one TCP filling healthy
+    links loses a burst on one of them now and then (a look or two), and a
+    receiver's own drops (a full backlog) hit every EV arriving, which the
+    comparison with siblings leaves out."""
+    seen = [x for x, u in zip(looks, usable) if u]
+    if len(seen) < 2:
+        return [False] * len(looks)
+    low = min(seen)
+    return [u and x >= LOSS_LOOKS and x >= LOSS_RATIO * low for x, u in zip(looks, usable)]
+
+
+def relax_evs(w: list[float], home: list[float], usable: list[bool], dt: float) -> list[float] | None:
+    """One step of a quiet plane's split (no EV queues, is marked or loses)
+    back toward its configured one (`home`), with RELAX_TAU_S: split_evs
+    moves weight only on a signal, so an EV weighted down for a fault, a
+    queue or loss that has since cleared stayed down until some other EV's
+    signal moved the split again. Usable EVs only, within the share they
+    hold; None when that is already there."""
+    idx = [i for i, u in enumerate(usable) if u]
+    mass, h = sum(w[i] for i in idx), sum(home[i] for i in idx)
+    if len(idx) < 2 or mass <= 0 or h <= 0:
+        return None
+    a = 1.0 - math.exp(-dt / RELAX_TAU_S)
+    out = list(w)
+    for i in idx:
+        out[i] = w[i] + a * (home[i] * mass / h - w[i])
+    if sum(abs(x - y) for x, y in zip(out, w)) < 1e-4:
+        return None
+    return out
 
 
 def _least(xs: list[float | None]) -> float | None:
@@ -421,7 +464,8 @@ class Controller:
                     ev_w[i] = x / sum(sub) if sum(sub) else 1 / len(g)
             st = _PeerState(groups=groups, devices=[devs[i] for i in planes], w=[x / tot for x in w],
                             c=[None] * k, d=[None] * k, idle=[0] * k, min_rtt=[math.inf] * n,
-                            min_prev=[math.inf] * n, window_start=now, ev_w=ev_w, ev_c=[None] * n,
+                            min_prev=[math.inf] * n, window_start=now, ev_w=ev_w, ev_home=list(ev_w),
+                            ev_c=[None] * n,
                             ev_d=[None] * n, ev_idle=[0] * n, ev_q=[None] * n)
             self.peers[peer.index] = st
         return st
@@ -590,8 +634,9 @@ class Controller:
             for i in range(n):
                 rate = sent[i] / dt
                 st.ev_d[i] = rate if st.ev_d[i] is None else EWMA * rate + (1 - EWMA) * st.ev_d[i]
-            ce, marks = self._marks(peer, st, samples) if busy else ([None] * n, [None] * n)
-            split = busy and self.cfg.weights.per_ev and self._split(peer, st, qp, sent, usable, marks, now)
+            ce, lossy = self._marks(peer, st, samples, usable, dt) if busy else ([None] * n, [False] * n)
+            split = busy and self.cfg.weights.per_ev and self._split(peer, st, qp, sent, usable, ce, lossy,
+                                                                     dt, now)
             # per plane: the paths of a plane share its queue and its rate
             q: list[float | None] = []
             g_sent, g_usable, g_d = [], [], []
@@ -658,20 +703,17 @@ class Controller:
             self._apply(peer, st)
         return IDLE_STEP_S if len(asleep) == len(self.by_index) else None
 
-    def _marks(self, peer: cfgmod.Peer, st: _PeerState,
-               samples: list[int]) -> tuple[list[float | None], list[float | None]]:
+    def _marks(self, peer: cfgmod.Peer, st: _PeerState, samples: list[int], usable: list[bool],
+               dt: float) -> tuple[list[float | None], list[bool]]:
         """Per path: the fraction of its echoes (`samples`: the paths' echo
-        counts now) since the last look that said CE, and the larger of that
-        and the fraction that said loss where loss stands (standing_loss;
-        mrc_path_cong, bpf/congest.h); None without an echo. CE counts only
-        where the operator left ECN avoidance on (weights.ecn_hold_us > 0),
-        loss where the operator turned it on (weights.loss): off by default,
-        since in repeated fabric failovers the split reading it lost a fifth
-        of one connection's goodput for good after some heal
-        (docs/benchmarks/cross.md)."""
+        counts now) since the last look that said CE (None without an echo),
+        and whether its loss stands against its plane's siblings (loss_looks,
+        lossy_evs; mrc_path_cong, bpf/congest.h). CE counts only where the
+        operator left ECN avoidance on (weights.ecn_hold_us > 0), loss where
+        weights.loss is on."""
         n = len(peer.paths)
         if not self.cfg.weights.ecn_hold_us and not self.cfg.weights.loss:
-            return [None] * n, [None] * n
+            return [None] * n, [False] * n
         cong = self.dp.map("mrc_path_cong")
         raw = memoryview(cong.read_raw(self.dp.path_idx(peer.index, 0), n)).cast("Q")
         step = cong.value_size // 8
@@ -679,17 +721,19 @@ class Controller:
         loss = list(raw[_CONG_LOSS // 8::step]) if self.cfg.weights.loss else [0] * n
         last, st.last_marks = st.last_marks, (ce, loss, samples)
         if last is None or len(last[0]) != n:
-            return [None] * n, [None] * n
-
-        def frac(now: list[int], before: list[int]) -> list[float | None]:
-            return [min(1.0, (a - b) / (e - f)) if e > f else None
-                    for a, b, e, f in zip(now, before, samples, last[2])]
-        ce_f, loss_f = frac(ce, last[0]), frac(loss, last[1])
-        stood, st.loss_run = standing_loss(loss_f, st.loss_run or [0] * n)
-        return ce_f, [None if c is None else max(c, x) for c, x in zip(ce_f, stood)]
+            return [None] * n, [False] * n
+        ce_f = [min(1.0, (a - b) / (e - f)) if e > f else None
+                for a, b, e, f in zip(ce, last[0], samples, last[2])]
+        st.loss_looks = loss_looks([a > b for a, b in zip(loss, last[1])], st.loss_looks or [0.0] * n, dt)
+        lossy = [False] * n
+        for g in st.groups:
+            for i, x in zip(g, lossy_evs([st.loss_looks[i] for i in g], [usable[i] for i in g])):
+                lossy[i] = x
+        return ce_f, lossy
 
     def _split(self, peer: cfgmod.Peer, st: _PeerState, qp: list[float | None], sent: list[int],
-               usable: list[bool], marks: list[float | None], now: float) -> bool:
+               usable: list[bool], marks: list[float | None], lossy: list[bool], dt: float,
+               now: float) -> bool:
         """Each plane's split over its EVs, one step (split_evs); True when
         any moved. On a routed plane a leaf hashes each EV onto one uplink,
         and with few EVs the hash is lumpy (3 of 4 on one spine one time in
@@ -711,13 +755,19 @@ class Controller:
             d = [st.ev_d[i] or 0.0 for i in g]
             q_sat = ev_q_sat(d, self.unit)
             q_own = with_marks(q_own, [marks[i] for i in g], q_sat)
+            q_own = [max(q or 0.0, 2 * q_sat) if lossy[i] else q for q, i in zip(q_own, g)]
             out = split_evs([st.ev_w[i] for i in g], [st.ev_c[i] for i in g], d, q_own,
                             [sent[i] for i in g], [usable[i] for i in g], idle,
                             self.cfg.weights.min_weight, q_sat)
             for k, i in enumerate(g):
                 st.ev_idle[i] = idle[k]
             if out is None:
-                continue
+                # quiet: back toward the configured split (relax_evs)
+                out = relax_evs([st.ev_w[i] for i in g], [st.ev_home[i] for i in g],
+                                [usable[i] for i in g], dt)
+                if out is None:
+                    continue
+                out = out, [st.ev_c[i] for i in g]
             for k, i in enumerate(g):
                 st.ev_w[i], st.ev_c[i] = out[0][k], out[1][k]
             moved = True
@@ -725,6 +775,7 @@ class Controller:
                 self.trace.write(json.dumps({
                     "t": round(now, 4), "pid": os.getpid(), "peer": peer.name, "paths": g,
                     "q_own": [None if x is None else round(x) for x in q_own], "q_sat": round(q_sat),
+                    "lossy": [i for i in g if lossy[i]],
                     "d_mbit": [round((st.ev_d[i] or 0.0) * 8e-6, 1) for i in g],
                     "ev_w": [round(st.ev_w[i], 4) for i in g]}) + "\n")
         return moved

@@ -162,7 +162,7 @@ class Weights:
     min_weight: float = 0.02      # floor of a usable path's share, so it keeps being measured
     ecn_hold_us: float = 1000.0   # after a CE echo the slot walk passes the path over this long (bpf/congest.h)
     per_ev: bool = True           # adaptive mode also splits each plane over its EVs by their own queues
-    loss: bool = False            # ... and moves weight off EVs whose echoes report loss (docs/fabric.md)
+    loss: bool = True             # ... and moves weight off EVs whose echoes report loss (docs/fabric.md)
 
 
 EV_MAP_MODES = ("auto", "off")

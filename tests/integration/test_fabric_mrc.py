@@ -210,30 +210,32 @@ def test_traffic_moves_off_the_evs_of_a_marking_link(lab):
 
 
 def test_traffic_moves_off_the_evs_of_a_lossy_link(lab):
-    """A leaf-spine link of plane 0 that drops 3 % of what it carries (no
+    """A leaf-spine link of plane 0 that drops 1 % of what it carries (no
     marking): the receiver counts loss on exactly the EVs the leaf hashes
     across it, from gaps in their unit counts (tc: the link drops whole
-    units) or their segments (XDP: the sender segments), tells the sender
-    in its echoes (MRC_F_ELOSS); with weights.loss on, the split gives those
-    EVs less of the plane than the others (10 % less at least, over the
-    whole transfer); with it off (the default) they carry their share."""
-    spines = lab.spines(0, 0, 1)
-    spine = max((0, 1), key=lambda s: sum(1 for v in spines.values() if v == s))
-    lossy = {ev for ev, s in spines.items() if s == spine}
-    # Paced below what the CPU and the links carry: unpaced, one TCP filled
-    # whatever link the split favoured, its tbf dropped bursts on healthy
-    # EVs (up to 10x the lossy link's loss, CI 2026-12-07), and their loss
-    # moved the split as much as the faulty link's did; 0 of 4 runs passed
-    # that day. 3 %, not 1 %: paced, an EV carries a few units per look,
-    # and 1 % seldom lost one at 3 looks in a row (standing_loss).
-    paced, loss_pct = "100M", 3.0   # bytes/s: 800 Mbit/s, a fifth of the fabric
-    assert 0 < len(lossy) < EVS, spines
+    units) or their units' packets (XDP: the sender segments), tells the
+    sender in its echoes (MRC_F_ELOSS), and the split (weights.loss, the
+    default) gives those EVs less of the plane than the others (10 % less at
+    least, over the whole transfer); with weights.loss = false they carry
+    their share. No other EV loses: packets that reach the receiver through
+    two CPUs, out of order, are no loss (bpf/congest.h, cong_rx_count)."""
+    spine = 0
+    # Paced below what the CPU and the links carry: unpaced, one TCP fills
+    # whatever link the split favours, and what its tbf drops on healthy EVs
+    # moves the split as much as the faulty link's loss does.
+    paced, loss_pct = "100M", 1.0   # bytes/s: 800 Mbit/s, a fifth of the fabric
     mean = lambda vals: sum(vals) / len(vals)   # noqa: E731
 
-    def lossy_run(port: int) -> tuple[float, dict, dict]:
-        """The lossy EVs' bytes over the transfer (not the split at its end,
-        which moves back within a few looks when loss pauses) against the
-        others', and the loss counted and echoed per EV."""
+    def lossy_run(port: int, weights: str) -> tuple[float, dict, dict, set]:
+        """With `weights` as the [weights] section: the lossy EVs' bytes over
+        the transfer (not the split at its end) against the others', the
+        loss counted and echoed per EV, and the lossy EVs (after `up` the EV
+        map runs again and may move an EV to another port, i.e. spine)."""
+        lab.write_config(0, **dict(lab.cfg_kw, extra=HEALTH + "[weights]\n" + weights))
+        lab.mrcctl(0, "up")
+        lab.settle([0])
+        lossy = {ev for ev, s in lab.spines(0, 0, 1).items() if s == spine}
+        assert 0 < len(lossy) < EVS, lossy
         rx0 = {x["ev"]: x for x in lab.paths(1, "h0")}
         tx0 = {x["ev"]: x for x in lab.paths(0, "h1")}
         s, r = lab.transfer(0, 1, "64M", port=port, max_rate=paced)
@@ -244,29 +246,22 @@ def test_traffic_moves_off_the_evs_of_a_lossy_link(lab):
         echoes = {ev: x["loss_echoes"] - tx0[ev]["loss_echoes"] for ev, x in tx.items()}
         share = {ev: x["tx_bytes"] - tx0[ev]["tx_bytes"] for ev, x in tx.items() if x["plane"] == "p0"}
         ratio = mean([share[ev] for ev in lossy]) / mean([v for ev, v in share.items() if ev not in lossy])
-        return ratio, lost, echoes
+        return ratio, lost, echoes, lossy
 
     lab.tb.link_loss(0, 0, spine, loss_pct, direction="up")
     try:
-        plain, lost, echoes = lossy_run(5606)
-        lab.write_config(0, **dict(lab.cfg_kw, extra=HEALTH + "[weights]\nloss = true\n"))
-        lab.mrcctl(0, "up")
-        avoid, _, _ = lossy_run(5607)
+        plain, lost, echoes, lossy = lossy_run(5606, "loss = false\n")
+        avoid, _, _, _ = lossy_run(5607, "")
     finally:
         lab.tb.link_loss(0, 0, spine, 0, direction="up")
         lab.write_config(0, **lab.cfg_kw)
         lab.mrcctl(0, "up")
     assert all(lost[ev] > 0 and echoes[ev] > 0 for ev in lossy), (lost, echoes, lossy)
-    # their siblings on plane 0, the same plane and pacing, lost next to
-    # nothing. Plane 1 is not asserted: with no fault and every link under
-    # half its rate it still lost a burst now and then (0-39 units per EV
-    # usually, once 667 against the lossy link's 360; cause not found).
+    # every other EV, on both planes, the same pacing, lost next to nothing
     total = sum(lost[ev] for ev in lossy)
-    p0 = set(spines)
-    assert sum(v for ev, v in lost.items() if ev in p0 - lossy) < 0.2 * total, (lost, lossy)
-    assert plain > 0.93, (plain, lossy, lost)    # loss not read (the default): their share
+    assert sum(v for ev, v in lost.items() if ev not in lossy) < 0.1 * total, (lost, lossy)
+    assert plain > 0.93, (plain, lossy, lost)    # loss not read: their share
     assert avoid < 0.9, (avoid, plain, lossy)
-
 
 
 def _split_plane(lab: Lab, p: int) -> dict[int, int]:

@@ -168,7 +168,7 @@ def test_config_keys():
     assert parse().weights.per_ev and not parse('', '[weights]\nper_ev = false').weights.per_ev
     with pytest.raises(cfgmod.ConfigError, match="weights.per_ev: must be true or false"):
         parse('', '[weights]\nper_ev = 1')
-    assert not parse().weights.loss and parse('', '[weights]\nloss = true').weights.loss
+    assert parse().weights.loss and not parse('', '[weights]\nloss = false').weights.loss
     with pytest.raises(cfgmod.ConfigError, match="weights.loss: must be true or false"):
         parse('', '[weights]\nloss = "yes"')
     assert cfgmod.parse(BASE.format(peer="", extra="").replace(
@@ -459,28 +459,75 @@ def test_an_evs_own_queue_counts_when_it_stood_at_two_looks_in_a_row():
     st = _state(1)
     st.groups, n = [[0, 1, 2, 3]], 4
     st.ev_w, st.ev_c, st.ev_d, st.ev_idle, st.ev_q = [0.25] * n, [None] * n, [200 * MB] * n, [0] * n, [None] * n
+    st.ev_home = [0.25] * n
     peer = type("Peer", (), {"name": "p"})()
 
     def look(qp):
-        return ctl._split(peer, st, qp, [1] * n, [True] * n, [None] * n, 0.0)
+        return ctl._split(peer, st, qp, [1] * n, [True] * n, [None] * n, [False] * n, 0.01, 0.0)
     assert not look([3000.0, 200.0, 250.0, 300.0])      # first look: nothing to compare with
     assert not look([200.0, 3000.0, 250.0, 300.0])      # another EV this time: noise
     assert look([200.0, 3000.0, 250.0, 300.0])          # the same EV again: its own queue
     assert st.ev_w[1] < 0.25
 
 
-def test_loss_counts_where_it_stands():
-    """Loss moves an EV only at LOSS_LOOKS looks in a row that saw it; a
-    look without echoes neither extends nor breaks the run, a clean look
-    ends it."""
-    k = W.LOSS_LOOKS
-    run = [0] * 3
-    for _ in range(k - 1):
-        stood, run = W.standing_loss([0.3, 0.3, 0.3], run)
-        assert stood == [0.0, 0.0, 0.0]
-    stood, run = W.standing_loss([0.2, None, 0.0], run)
-    assert stood == [0.2, 0.0, 0.0]                      # path 0: the k-th look in a row
-    stood, run = W.standing_loss([0.1, 0.4, 0.4], run)
-    assert stood == [0.1, 0.4, 0.0]                      # path 1: the look without echoes did not break it
-    stood, run = W.standing_loss([0.0, 0.4, 0.4], run)
-    assert stood == [0.0, 0.4, 0.0]                      # path 2: its clean look started it over
+def test_loss_counts_where_it_stands_against_its_siblings():
+    """A count of lossy looks, decayed over time: loss spread over many looks
+    (a link dropping at random under a paced stream, a lost unit every few
+    looks) counts as surely as loss at every look, where a burst of a look
+    or two does not, nor loss that every sibling sees too."""
+    dt = 0.01
+    looks = [0.0] * 4
+    for k in range(40):          # EV 0 loses at every third look, EV 1 at a burst of two
+        looks = W.loss_looks([k % 3 == 0, k in (20, 21), False, False], looks, dt)
+    assert W.lossy_evs(looks, [True] * 4) == [True, False, False, False]
+    # every EV losing alike (the receiver's own drops): no one's own, even
+    # where one lost twice as often as the least
+    assert W.lossy_evs([8.0, 16.5, 7.9, 8.2], [True] * 4) == [False] * 4
+    assert W.lossy_evs([8.0, 40.0, 7.9, 8.2], [True] * 4) == [False, True, False, False]
+    # a retired sibling's count is not the floor to compare with
+    assert W.lossy_evs([4.0, 4.0, 4.0, 0.0], [True, True, True, False]) == [False] * 4
+    assert W.lossy_evs([4.0, 0.0], [True, False]) == [False, False]      # nothing to compare with
+    # a link that clears: its count decays, and two time constants later no longer counts
+    for _ in range(round(2 * W.LOSS_TAU_S / dt)):
+        looks = W.loss_looks([False] * 4, looks, dt)
+    assert W.lossy_evs(looks, [True] * 4) == [False] * 4
+
+
+def test_a_quiet_plane_returns_to_its_configured_split():
+    """No EV queues, is marked or loses: the split moves back toward the
+    configured one (even here) with RELAX_TAU_S, within the share the usable
+    EVs hold; a retired EV keeps its weight for when it comes back."""
+    home = [0.25] * 4
+    w = [0.05, 0.45, 0.25, 0.25]
+    t, dt = 0.0, 0.01
+    while t < W.RELAX_TAU_S - dt / 2:
+        w = W.relax_evs(w, home, [True] * 4, dt) or w
+        t += dt
+    # one time constant: about 1/e of the gap left
+    assert abs((0.25 - w[0]) / 0.2 - math.exp(-1)) < 0.02, w
+    assert abs(sum(w) - 1.0) < 1e-9
+    out = W.relax_evs([0.05, 0.45, 0.3, 0.2], home, [True, True, True, False], dt)
+    assert out[3] == 0.2 and abs(sum(out[:3]) - 0.8) < 1e-9 and out[0] > 0.05
+    assert W.relax_evs(home, home, [True] * 4, dt) is None           # there already
+
+
+def test_loss_on_an_ev_moves_its_share_and_it_comes_back_after():
+    """The controller's split: an EV flagged lossy loses share to its
+    siblings; once the loss has cleared the split relaxes back."""
+    ctl = _controller()
+    ctl.unit = 16384
+    st = _state(1)
+    st.groups, n = [[0, 1, 2, 3]], 4
+    st.ev_w, st.ev_c, st.ev_d, st.ev_idle, st.ev_q = [0.25] * n, [None] * n, [50 * MB] * n, [0] * n, [None] * n
+    st.ev_home = [0.25] * n
+    peer = type("Peer", (), {"name": "p"})()
+    qp = [200.0, 250.0, 220.0, 240.0]
+
+    def look(lossy):
+        ctl._split(peer, st, qp, [MB // 2] * n, [True] * n, [None] * n, lossy, 0.01, 0.0)
+    for _ in range(10):
+        look([True, False, False, False])
+    assert st.ev_w[0] < 0.1 and min(st.ev_w[1:]) > 0.25, st.ev_w
+    for _ in range(int(3 * W.RELAX_TAU_S / 0.01)):
+        look([False] * n)
+    assert st.ev_w[0] > 0.2 and abs(sum(st.ev_w) - 1.0) < 1e-6, st.ev_w
