@@ -278,15 +278,20 @@ def _split_plane(lab: Lab, p: int) -> dict[int, int]:
 
 def test_traffic_leaves_the_evs_of_a_slow_link_and_comes_back_when_it_clears(lab):
     """Per-EV weights (weights.split_evs), nothing configured: a leaf-spine
-    link of plane 0 drops to a tenth of its rate (no ECN, no loss: only its
-    queue says so) and the EVs the leaf hashes across it lose their share of
-    the plane to the EVs across the other spine; when it clears and the other
-    link slows instead, the share moves back. With an even split (what the
-    weights did per plane) every EV of the plane keeps the same share."""
+    link of plane 0 drops to a twentieth of its rate (no ECN: its queue and
+    its tbf's drops say so) and the EVs the leaf hashes across it lose their
+    share of the plane to the EVs across the other spine; when it clears and
+    the other link slows instead, the share moves back. With an even split
+    (what the weights did per plane) every EV of the plane keeps the same
+    share. A twentieth, not a tenth: a quiet plane relaxes toward an even
+    split (relax_evs), so the slow link's EVs settle at what it carries, and
+    with the plane CPU-bound at 500-600 Mbit/s a 100 Mbit/s link carried a
+    sixth of it: its one EV held 0.6 of a sibling's share (CI-like runs,
+    2026-12-07), over the 0.5 asserted."""
     spines = _split_plane(lab, 0)
 
     def shares_after(slow: int, port: int) -> tuple[float, float]:
-        lab.tb.set_link_rate(0, 0, slow, "100mbit", direction="up")
+        lab.tb.set_link_rate(0, 0, slow, "50mbit", direction="up")
         lab.tb.set_link_rate(0, 0, 1 - slow, "1gbit", direction="up")
         # long enough for EVs squeezed to the floor by the phase before to
         # probe back up (48M was at the edge once in CI: 0.53 x)
