@@ -10,7 +10,9 @@ stream (iperf3, --cross-rate, 2 s) enters the leaf-spine link of plane 0 that
 most of host 0's plane-0 EVs cross (leaf 0 -> that spine): the link is then
 offered more than it carries, and its queue grows. Per trial: the connection's
 goodput, what the cross stream got through (its rate less its loss) against
-its fair share (half the link), and, for mrc with per-EV weights, the share of
+its fair share (half the link), what iperf3 sent (on this 2-core VM it shares
+the CPUs with the transfer and sends less than --cross-rate the more CPU the
+transfer takes), and, for mrc with per-EV weights, the share of
 plane 0 that the EVs across the link had when the stream's first datagrams
 reached the spine (the far end of the link; ARRIVAL) and 0.1, 0.5 and 2 s
 later (the agent's weights trace, MRC_WEIGHTS_TRACE). Rows, in one run on one
@@ -93,7 +95,8 @@ def trial(lab: Lab, a, spine: int, port: int, dst: str, mptcp: bool = False) -> 
     summ = json.loads(out)["end"]["sum"]
     got = summ.get("bits_per_second", 0) * (1 - summ.get("lost_percent", 0) / 100) / 1e6
     return {"gbps": s["gbps"], "intact": s["sha256"] == r["sha256"] and not r["reset"], "start": start, "t0": t0,
-            "cross_mbit": round(got, 1), "cross_lost_pct": round(summ.get("lost_percent", 0), 2)}
+            "cross_mbit": round(got, 1), "cross_sent_mbit": round(summ.get("bits_per_second", 0) / 1e6, 1),
+            "cross_lost_pct": round(summ.get("lost_percent", 0), 2)}
 
 
 def crossed_share(trace: Path, group: list[int], crossed: list[int], start: float, t0: float,
@@ -173,9 +176,10 @@ def write(rows: list[dict], a, out: Path, cmd: str) -> None:
           f"plane, links of {a.link_rate}; {CROSS_S:g} s of UDP at {a.cross_rate} into one leaf-spine link "
           f"of plane 0, {CROSS_AT:g} s in; the cross stream's fair share is {fair:g} Mbit/s).", "",
           "| method | EVs of plane 0 across the link | goodput, Gbit/s (each trial) | cross stream through, "
-          "Mbit/s (each trial) | its loss, % (median) | the crossed EVs' share of plane 0 at +0 / 0.1 / 0.5 / "
-          f"{CROSS_S:g} s after the stream reached the link's far end (median) | intact |",
-          "|---|---|---|---|---|---|---|"]
+          "Mbit/s (each trial) | what iperf3 sent of its rate, Mbit/s (median) | its loss, % (median) | the "
+          f"crossed EVs' share of plane 0 at +0 / 0.1 / 0.5 / {CROSS_S:g} s after the stream reached the link's "
+          "far end (median) | intact |",
+          "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         ts = r["trials"]
         seen = [t["crossed_share"] for t in ts if t.get("crossed_share")]
@@ -185,7 +189,9 @@ def write(rows: list[dict], a, out: Path, cmd: str) -> None:
             at = "– (even)" if r["method"].startswith("mrc") else "–"
         gbps = ", ".join(f"{t['gbps']:.2f}" for t in ts)
         through = ", ".join(f"{t['cross_mbit']:.0f}" for t in ts)
+        sent = med([t["cross_sent_mbit"] for t in ts if "cross_sent_mbit" in t])
         md.append(f"| {r['method']} | {r['crossed']} | {gbps} | {through} | "
+                  f"{'–' if sent is None else f'{sent:.0f}'} | "
                   f"{med([t['cross_lost_pct'] for t in ts]):.1f} | {at} | {all(t['intact'] for t in ts)} |")
     write_section(out / "cross.md", "Cross traffic on a fabric link", BEGIN, END, md)
     (out / "cross.json").write_text(json.dumps({"command": cmd, "link_rate": a.link_rate,
