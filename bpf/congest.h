@@ -99,7 +99,7 @@ static __always_inline __u8 cong_tx_seq(__u32 peer, __u32 path, bool hedged)
 /* a frame this many PSNs or more behind its slot's unit is no late frame */
 #define CONG_RX_LATE		(1U << 20)
 
-/* rx: wire packets psn..psn+n-1 of the peer's unit ending at `end`
+/* rx: n wire packets of the peer's unit ending at `end`
  * (its PSN + segs) and numbered `seq` on its path: counted in the unit's
  * slot of the path (mrc_path_cong.rx_units, by seq). A unit taking the
  * slot of one sent MRC_RX_UNITS units before it settles that one: its
@@ -140,8 +140,8 @@ static __always_inline __u32 cong_rx_count(struct mrc_path_cong *c, __u8 seq, __
 }
 
 /*
- * rx: a DATA frame of the peer's path `path`: wire packets psn..psn+n-1 of
- * the unit that starts at `unit` with `segs` of them; `first` says it is
+ * rx: a DATA frame of the peer's path `path`: n wire packets of the unit
+ * that starts at `unit` with `segs` of them; `first` says it is
  * the first frame of that unit to arrive since another unit's
  * (feedback_receipt). Counts what the path lost: units skipped by path_seq
  * and packets missing from units that arrived in part (cong_rx_count).
@@ -150,8 +150,8 @@ static __always_inline __u32 cong_rx_count(struct mrc_path_cong *c, __u8 seq, __
  * *now: the clock if read already (0: not), read here only on a loss.
  */
 static __always_inline void cong_rx_loss(__u32 peer, __u32 path, __u32 unit, __u32 segs,
-					 __u32 psn, __u32 n, __u8 seq, bool hedged,
-					 bool first, __u64 *now)
+					 __u32 n, __u8 seq, bool hedged, bool first,
+					 __u64 *now)
 {
 	struct mrc_path_cong *c = path_entry(&mrc_path_cong, peer, path);
 	__u32 segs_lost, units_lost = 0;

@@ -449,7 +449,7 @@ static __always_inline __u32 rx_data_body(void *ctx, bool tc, bool multi,
 	receipt = feedback_receipt(live, bpf_ntohl(mh->psn), bpf_ntohl(mh->tx_ts),
 				   &now);
 	/* Loss on this path: units skipped, segments missing (congest.h). */
-	cong_rx_loss(peer_idx, path_id, bpf_ntohl(mh->psn), bpf_ntohs(mh->segs), psn, n,
+	cong_rx_loss(peer_idx, path_id, bpf_ntohl(mh->psn), bpf_ntohs(mh->segs), n,
 		     mh->path_seq, mh->flags & MRC_F_HEDGE, receipt, &now);
 
 	/* Reordering hints, duplicates and loss, per wire packet (rx_account). */
