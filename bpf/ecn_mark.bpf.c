@@ -31,8 +31,8 @@ struct ecn_cfg {
 struct ecn_state {
 	__u64	backlog;	/* bytes in the phantom queue at last_ns */
 	__u64	last_ns;
-	__u64	marked;		/* packets marked */
-	__u64	seen;		/* packets seen (every one fills the queue) */
+	__u64	marked;		/* wire packets marked (a GSO skb's segments each) */
+	__u64	seen;		/* wire packets seen (every one fills the queue) */
 };
 
 /* Written by the testbed (mrcctl/lab/fabric.py) once, at attach. */
@@ -52,7 +52,7 @@ struct {
 	__type(value, struct ecn_state);
 } ecn_state SEC(".maps");
 
-static __always_inline int congested(__u32 len)
+static __always_inline int congested(__u32 len, __u32 segs)
 {
 	__u32 zero = 0;
 	struct ecn_cfg *cfg = bpf_map_lookup_elem(&ecn_cfg, &zero);
@@ -61,7 +61,7 @@ static __always_inline int congested(__u32 len)
 
 	if (!cfg || !st)
 		return 1;
-	st->seen += 1;
+	st->seen += segs;
 	if (!cfg->rate_Bps)
 		return 1;
 	now = bpf_ktime_get_ns();
@@ -71,13 +71,13 @@ static __always_inline int congested(__u32 len)
 	return st->backlog > cfg->queue_bytes;
 }
 
-static __always_inline void count_mark(void)
+static __always_inline void count_mark(__u32 segs)
 {
 	__u32 zero = 0;
 	struct ecn_state *st = bpf_map_lookup_elem(&ecn_state, &zero);
 
 	if (st)
-		st->marked += 1;
+		st->marked += segs;
 }
 
 SEC("tc")
@@ -86,11 +86,12 @@ int ecn_mark(struct __sk_buff *skb)
 	void *data = (void *)(long)skb->data;
 	void *data_end = (void *)(long)skb->data_end;
 	struct ethhdr *eth = data;
+	__u32 segs = skb->gso_segs ? skb->gso_segs : 1;
 
 	if ((void *)(eth + 1) > data_end)
 		return TC_ACT_OK;
 	/* every packet fills the queue; only ECN-capable ones can be marked */
-	if (!congested(skb->len))
+	if (!congested(skb->len, segs))
 		return TC_ACT_OK;
 	if (eth->h_proto == bpf_htons(ETH_P_IP)) {
 		struct iphdr *iph = (void *)(eth + 1);
@@ -98,7 +99,7 @@ int ecn_mark(struct __sk_buff *skb)
 
 		if ((void *)(iph + 1) > data_end || !(iph->tos & ECN_MASK))
 			return TC_ACT_OK;
-		count_mark();
+		count_mark(segs);
 		old = *(__u16 *)iph;
 		iph->tos |= ECN_CE;
 		new = *(__u16 *)iph;
@@ -109,7 +110,7 @@ int ecn_mark(struct __sk_buff *skb)
 		/* ECN: the low 2 bits of the traffic class, bits 4-5 of flow_lbl[0] */
 		if ((void *)(ip6h + 1) > data_end || !(ip6h->flow_lbl[0] & (ECN_MASK << 4)))
 			return TC_ACT_OK;
-		count_mark();
+		count_mark(segs);
 		ip6h->flow_lbl[0] |= ECN_CE << 4;
 	}
 	return TC_ACT_OK;

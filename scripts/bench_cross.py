@@ -6,16 +6,15 @@
 
 Two hosts on different leaves of 2 planes x 2 spines (docs/fabric.md). One TCP
 connection from host 0 to host 1 for 4 s (scripts/xfer.py); 1 s in, a UDP
-stream (iperf3, --cross-rate, 2 s) enters the leaf-spine link of plane 0 that
-most of host 0's plane-0 EVs cross (leaf 0 -> that spine): the link is then
-offered more than it carries, and its queue grows. Per trial: the connection's
-goodput, what the cross stream got through (its rate less its loss) against
-its fair share (half the link), what iperf3 sent (on this 2-core VM it shares
-the CPUs with the transfer and sends less than --cross-rate the more CPU the
-transfer takes), and, for mrc with per-EV weights, the share of
-plane 0 that the EVs across the link had when the stream's first datagrams
-reached the spine (the far end of the link; ARRIVAL) and 0.1, 0.5 and 2 s
-later (the agent's weights trace, MRC_WEIGHTS_TRACE). Rows, in one run on one
+stream (--cross-rate, 2 s; the testbed's GSO sender, mrcctl/lab/udpgen.py)
+enters the leaf-spine link of plane 0 that most of host 0's plane-0 EVs cross
+(leaf 0 -> that spine): the link is then offered more than it carries, and its
+queue grows. Per trial: the connection's goodput, what the cross stream got
+through to the spine (counted there) against its fair share (half the link),
+what it sent (iperf3, the sender before, shared the 2 cores with the transfer
+and sent about half its rate), and, for mrc with per-EV weights, the share of
+plane 0 that the EVs across the link had when the stream began and 0.1, 0.5
+and 2 s later (the agent's weights trace, MRC_WEIGHTS_TRACE). Rows, in one run on one
 testbed: mrc (defaults: per-EV weights reading delay, CE marks and loss per
 EV), mrc with `weights.loss = false` (the split does not read loss), mrc with
 `weights.per_ev = false`
@@ -47,24 +46,6 @@ from mrcctl.lab.testbed import parse_rate  # noqa: E402
 
 BEGIN, END = "<!-- bench_cross.py results: begin -->", "<!-- bench_cross.py results: end -->"
 SECONDS, CROSS_AT, CROSS_S = 4.0, 1.0, 2.0
-# Run in the spine's namespace: prints "ready", then the CLOCK_MONOTONIC time
-# at which the cross stream's datagrams began to arrive there, i.e. had
-# crossed the link (mrc's packets are forwarded, not delivered, so they do
-# not count in the spine's own UDP InDatagrams).
-ARRIVAL = """
-import sys, time
-def udp_in():
-    with open("/proc/net/snmp") as f:
-        rows = [r.split() for r in f if r.startswith("Udp:")]
-    return int(rows[1][rows[0].index("InDatagrams")])
-base, end = udp_in(), time.monotonic() + float(sys.argv[1])
-print("ready", flush=True)
-while time.monotonic() < end:
-    if udp_in() - base >= 10:
-        print(time.monotonic(), flush=True)
-        break
-    time.sleep(0.0005)
-"""
 PLANES, SPINES = 2, 2
 
 
@@ -83,20 +64,25 @@ def trial(lab: Lab, a, spine: int, port: int, dst: str, mptcp: bool = False) -> 
     send = tb.popen(0, [*wrap, sys.executable, XFER, "send", "--to", dst, "--port", str(port), "--bytes", "16M",
                         "--seconds", str(SECONDS), "--timeout", "30"],
                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    watch = subprocess.Popen(["ip", "netns", "exec", tb.spine_ns(0, spine), sys.executable, "-c", ARRIVAL,
-                              str(CROSS_AT + 5)], stdout=subprocess.PIPE, text=True)
-    watch.stdout.readline()
     time.sleep(max(0.0, start + CROSS_AT - time.monotonic()))
     cross = tb.cross_traffic(0, 0, spine, a.cross_rate, CROSS_S, port=port + 100)
     out, _ = cross.communicate(timeout=30)
-    arrived = watch.communicate(timeout=30)[0].strip()
-    t0 = float(arrived) if arrived else None
     s, r = Lab.result(send, 60), Lab.result(recv, 60)
-    summ = json.loads(out)["end"]["sum"]
+    summ = json.loads(out)
+    t0 = summ.get("started")
     got = summ.get("bits_per_second", 0) * (1 - summ.get("lost_percent", 0) / 100) / 1e6
     return {"gbps": s["gbps"], "intact": s["sha256"] == r["sha256"] and not r["reset"], "start": start, "t0": t0,
             "cross_mbit": round(got, 1), "cross_sent_mbit": round(summ.get("bits_per_second", 0) / 1e6, 1),
             "cross_lost_pct": round(summ.get("lost_percent", 0), 2)}
+
+
+def crossing(lab: Lab) -> tuple[list[int], list[int], int]:
+    """Host 0's plane-0 paths to h1, those of them across the spine most of
+    them cross (asked from leaf 0's FIB), and that spine."""
+    paths = [x for x in lab.paths(0, "h1") if x["plane"] == "p0"]
+    spines = lab.spines(0, 0, 1)
+    spine = max(range(SPINES), key=lambda s: sum(1 for x in paths if spines[x["ev"]] == s))
+    return [x["id"] for x in paths], [x["id"] for x in paths if spines[x["ev"]] == spine], spine
 
 
 def crossed_share(trace: Path, group: list[int], crossed: list[int], start: float, t0: float,
@@ -130,12 +116,6 @@ def run(a, tmp: Path) -> list[dict]:
     fabric = dict(spines=SPINES, leaves=2, link_rate=a.link_rate)
     with Lab(tmp, 2, PLANES, prefix=a.prefix, evs=a.evs, fabric=fabric) as lab:
         lab.up(settle=True)
-        paths = [x for x in lab.paths(0, "h1") if x["plane"] == "p0"]
-        spines = lab.spines(0, 0, 1)
-        spine = max(range(SPINES), key=lambda s: sum(1 for v in spines.values() if v == s))
-        group = [x["id"] for x in paths]
-        crossed = [x["id"] for x in paths if spines[x["ev"]] == spine]
-        split = f"{len(crossed)} of {len(group)}"
         for name, extra in (("mrc (per-EV weights, the default)", ""),
                             ("mrc, weights.loss = false", "[weights]\nloss = false\n"),
                             ("mrc, weights.per_ev = false", "[weights]\nper_ev = false\n")):
@@ -145,15 +125,21 @@ def run(a, tmp: Path) -> list[dict]:
                 # a fresh agent (`up` alone keeps a running one, and its weights)
                 lab.mrcctl(0, "down")
                 lab.mrcctl(0, "up")
-                time.sleep(0.5)
+                # the EV map may give the EVs other ports at every `up`
+                lab.wait_ev_map([0])
+                group, crossed, spine = crossing(lab)
                 tr = trial(lab, a, spine, 5800 + len(rows) * 20 + t, lab.overlay(1))
+                tr["crossed"] = f"{len(crossed)} of {len(group)}"
                 tr["crossed_share"] = crossed_share(trace, group, crossed, tr["start"], tr["t0"]) \
                     if tr["t0"] else None
                 trials.append(tr)
                 show(name, tr)
-            rows.append({"method": name, "crossed": split, "trials": trials})
+            rows.append({"method": name, "crossed": ", ".join(sorted({t["crossed"] for t in trials})),
+                         "trials": trials})
         lab.write_config(0, **lab.cfg_kw)
         lab.mrcctl(0, "up")
+        lab.wait_ev_map([0])
+        spine = crossing(lab)[2]
         mptcp_setup(lab.tb)
         trials = [trial(lab, a, spine, 5860 + t, lab.tb.addr(1, 0, 0), mptcp=True) for t in range(a.trials)]
         for tr in trials:
@@ -176,9 +162,9 @@ def write(rows: list[dict], a, out: Path, cmd: str) -> None:
           f"plane, links of {a.link_rate}; {CROSS_S:g} s of UDP at {a.cross_rate} into one leaf-spine link "
           f"of plane 0, {CROSS_AT:g} s in; the cross stream's fair share is {fair:g} Mbit/s).", "",
           "| method | EVs of plane 0 across the link | goodput, Gbit/s (each trial) | cross stream through, "
-          "Mbit/s (each trial) | what iperf3 sent of its rate, Mbit/s (median) | its loss, % (median) | the "
-          f"crossed EVs' share of plane 0 at +0 / 0.1 / 0.5 / {CROSS_S:g} s after the stream reached the link's "
-          "far end (median) | intact |",
+          "Mbit/s (each trial) | what it sent of its rate, Mbit/s (median) | its loss, % (median) | the "
+          f"crossed EVs' share of plane 0 at +0 / 0.1 / 0.5 / {CROSS_S:g} s after the stream began "
+          "(median) | intact |",
           "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         ts = r["trials"]

@@ -317,12 +317,13 @@ def cross(prefix, as_json, plane, leaf, spine, direction, xrate, seconds):
         proc = _fabric(prefix).cross_traffic(plane, leaf, spine, xrate, seconds, direction)
         out, err = proc.communicate(timeout=seconds + 30)
         if proc.returncode != 0:
-            raise TestbedError(f"iperf3 failed: {err.strip()[-500:]}")
-        sent = json.loads(out)["end"]["sum"]
+            raise TestbedError(f"the cross stream failed: {(out + err).strip()[-500:]}")
+        sent = json.loads(out)
         if as_json:
             print(json.dumps(sent))
         else:
-            print(f"sent {sent['bytes']} bytes in {sent['seconds']:.1f} s ({sent['bits_per_second'] / 1e6:.0f} Mbit/s)")
+            print(f"sent {sent['bytes']} bytes in {sent['seconds']:.1f} s ({sent['bits_per_second'] / 1e6:.0f} Mbit/s), "
+                  f"{sent['lost_percent']:.1f} % lost on the way")
     _run(go)
 
 

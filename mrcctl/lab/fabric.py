@@ -34,7 +34,8 @@ Fabric links are named (plane, leaf, spine); a direction is "up"
 classic-BPF tc egress filters as the point-to-point testbed, placed on the
 egress of the link end that sends in the chosen direction, so forwarded
 traffic is dropped with the carrier up (a gray failure). Cross traffic is a
-bounded iperf3 UDP stream from one end of a link to the other.
+bounded, paced UDP stream from one end of a link to the other (GSO sends,
+mrcctl/lab/udpgen.py), counted at the far end.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ import os
 import re
 import struct
 import subprocess
+import sys
 import time
 from typing import Iterable
 
@@ -470,7 +472,7 @@ class Fabric(Testbed):
 
     def ecn_marks(self, p: int, leaf: int, spine: int, direction: str = "up") -> dict[str, int]:
         """What the CE marker this object attached to the link's end saw:
-        {"seen": packets, "marked": packets}."""
+        {"seen": wire packets, "marked": wire packets} (a GSO skb counts its segments)."""
         from ..datapath.libbpf import Map
 
         (ns, dev), = self._link_ends(p, leaf, spine, direction)
@@ -560,11 +562,13 @@ class Fabric(Testbed):
     # ---- cross traffic -------------------------------------------------
 
     def cross_traffic(self, p: int, leaf: int, spine: int, rate, seconds: float,
-                      direction: str = "up", port: int = 5301, ecn: bool = False) -> subprocess.Popen:
-        """A bounded UDP stream (iperf3) at `rate` through one fabric link in
-        one direction ("up": leaf -> spine); ECN-capable (ECT(0)) with `ecn`.
-        Returns the client process; it ends by itself after `seconds` (and
-        is ended by down())."""
+                      direction: str = "up", port: int = 5301, ecn: bool = False) -> "CrossTraffic":
+        """A bounded UDP stream at `rate` (of payload) through one fabric link
+        in one direction ("up": leaf -> spine); ECN-capable (ECT(0)) with
+        `ecn`. The sender is mrcctl/lab/udpgen.py (GSO sends, so that it keeps
+        its rate beside a busy transfer); the far end counts and drops the
+        stream in its prerouting hook. Returns the running stream; it ends by
+        itself after `seconds` (and is ended by down())."""
         if direction not in ("up", "down"):
             raise TestbedError("cross traffic runs in one direction: up or down")
         if not 0 < float(seconds) <= 600:
@@ -575,16 +579,57 @@ class Fabric(Testbed):
         src, dst = ((self.leaf_ns(p, leaf), self.spine_ns(p, spine)) if direction == "up"
                     else (self.spine_ns(p, spine), self.leaf_ns(p, leaf)))
         dst_addr = self.link_addr(p, leaf, spine, "spine" if direction == "up" else "leaf")
-        server = subprocess.Popen(["ip", "netns", "exec", dst, "iperf3", "-s", "-1", "-p", str(port),
-                                   "-B", dst_addr], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        self._procs.append(server)
-        _wait_listen(dst, port)
-        client = subprocess.Popen(["ip", "netns", "exec", src, "iperf3", "-c", dst_addr, "-p", str(port),
-                                   "-u", "-b", str(bits), "-t", str(seconds), "-l", "1400", "-J",
-                                   *(["-S", "2"] if ecn else [])],
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        table = f"mrc_cross_{port}"
+        _run(["ip", "netns", "exec", dst, "nft", "-f", "-"], input=(
+            f"table ip {table} {{\n chain pre {{\n  type filter hook prerouting priority -300;\n"
+            f"  ip daddr {dst_addr} udp dport {port} counter drop\n }}\n}}\n"))
+        client = subprocess.Popen(["ip", "netns", "exec", src, sys.executable, "-m", "mrcctl.cli.udpgen",
+                                   "--to", dst_addr, "--port", str(port), "--rate", str(bits),
+                                   "--seconds", str(seconds), *(["--tos", "2"] if ecn else [])],
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/")
         self._procs.append(client)
-        return client
+        return CrossTraffic(client, dst, table)
+
+
+class CrossTraffic:
+    """A running cross stream (Fabric.cross_traffic). communicate() waits for
+    it like Popen's and returns (JSON text, stderr): what the sender sent
+    (packets, bytes, seconds, bits_per_second of payload) and what reached
+    the link's far end (received_packets, lost_packets, lost_percent)."""
+
+    def __init__(self, proc: subprocess.Popen, ns: str, table: str):
+        self.proc, self.ns, self.table = proc, ns, table
+        self.returncode: int | None = None
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        out, err = self.proc.communicate(timeout=timeout)
+        self.returncode = self.proc.returncode
+        skbs, size = self._counted()
+        if self.returncode != 0:
+            return out, err
+        sent = json.loads(out)
+        # A GSO buffer may cross an unshaped link whole: one skb with one
+        # IPv4 + UDP header over many datagrams' payload.
+        got = (size - 28 * skbs) // (sent["bytes"] // sent["packets"]) if sent["packets"] else 0
+        lost = max(0, sent["packets"] - got)
+        sent.update(received_packets=got, lost_packets=lost,
+                    lost_percent=round(100 * lost / sent["packets"], 3) if sent["packets"] else 0.0)
+        return json.dumps(sent), err
+
+    def _counted(self) -> tuple[int, int]:
+        """(skbs, bytes) the far end's rule counted; removes the rule."""
+        r = subprocess.run(["ip", "netns", "exec", self.ns, "nft", "-j", "list", "table", "ip", self.table],
+                           capture_output=True, text=True)
+        subprocess.run(["ip", "netns", "exec", self.ns, "nft", "delete", "table", "ip", self.table],
+                       capture_output=True)
+        try:
+            for x in json.loads(r.stdout)["nftables"]:
+                for e in x.get("rule", {}).get("expr", []):
+                    if "counter" in e:
+                        return int(e["counter"]["packets"]), int(e["counter"]["bytes"])
+        except (ValueError, KeyError):
+            pass
+        return 0, 0
 
 
 def _attach_ecn_marker(ns: str, dev: str, rate_Bps: int, queue_bytes: int) -> int:
@@ -634,16 +679,6 @@ def attach_tc_bpf(ns: str, dev: str, fd: int, name: str, parent: int, prio: int)
                    parent=parent, prio=prio, classid=1, direct_action=True)
     except (NetlinkError, IndexError) as e:
         raise TestbedError(f"{name} on {dev} in {ns}: {e}") from None
-
-
-def _wait_listen(ns: str, port: int, timeout: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        out = _run(["ip", "netns", "exec", ns, "ss", "-Hltun", f"sport = :{port}"], check=False).stdout
-        if out.strip():
-            return
-        time.sleep(0.05)
-    raise TestbedError(f"iperf3 did not start listening in {ns}")
 
 
 def attach(prefix: str) -> Testbed:
