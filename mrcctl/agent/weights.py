@@ -148,15 +148,6 @@ LOSS_LOOKS = 3.0        # ... stands at this count at least (lossy_evs; docs/fab
 LOSS_RATIO = 4.0        # ... and this many times the least lossy usable sibling's
 RELAX_TAU_S = 2.0       # a plane none of whose EVs queues, is marked or loses: its split returns
                         # toward the configured one with this time constant (relax_evs)
-QBAR_TAU_S = 0.04       # an EV's own queue averaged over time with this time constant: a link a
-                        # cross stream fills holds its EVs 0.3-1 ms above their siblings look after
-                        # look, under the saturation threshold; spikes of busy CPUs come and go
-QBAR_MIN_US = 250.0     # ... stands at this average at least (standing_queues)
-QBAR_CLIP_US = 1000.0   # ... to which a look adds at most this much: one echo delayed by
-                        # milliseconds (a busy CPU) is not a standing queue, two in a row are
-QBAR_RATIO = 3.0        # ... and this many times the least usable sibling's average
-QBAR_BUSY_BPS = 6.25e6  # ... on a plane sending this many bytes/s at least: the few echoes of a
-                        # plane that carries only ACKs scatter by more than such a queue
 MARK_REL = 0.25         # marked this much more often than a sibling: a congested link of its own
 EV_Q_SAT_US = 1000.0    # an EV's own queue this long says its link is full: TCP sprayed over
                         # paths of unequal delay backs off on the reordering, and a congested
@@ -195,7 +186,6 @@ class _PeerState:
     ev_d: list[float | None] = field(default_factory=list)
     ev_idle: list[int] = field(default_factory=list)
     ev_q: list[float | None] = field(default_factory=list)   # per path: its own queue at the last look
-    ev_qbar: list[float] = field(default_factory=list)       # per path: its own queue, averaged (standing_queues)
     last_marks: tuple | None = None      # per path: (CE echoes, loss echoes, echoes) at the last look
     ev_home: list[float] = field(default_factory=list)   # per path: its configured share of the plane
     loss_looks: list | None = None       # per path: decayed count of its looks that said loss (lossy_evs)
@@ -352,21 +342,6 @@ def lossy_evs(looks: list[float], usable: list[bool]) -> list[bool]:
     return [u and x >= LOSS_LOOKS and x >= LOSS_RATIO * low for x, u in zip(looks, usable)]
 
 
-def standing_queues(qbar: list[float], usable: list[bool]) -> list[bool]:
-    """One plane's EVs whose own queue stands: averaged over time (QBAR_TAU_S)
-    at QBAR_MIN_US at least and QBAR_RATIO times the least of its usable
-    siblings' averages. A fabric link that cross traffic keeps full delays
-    its EVs by less than the saturation threshold (ev_q_sat) once TCP has
-    backed off, but at nearly every look and on those EVs only; a busy CPU
-    or a burst delays one echo of a random EV now and then, which averages
-    out across the plane's EVs alike."""
-    seen = [x for x, u in zip(qbar, usable) if u]
-    if len(seen) < 2:
-        return [False] * len(qbar)
-    low = min(seen)
-    return [u and x >= QBAR_MIN_US and x >= QBAR_RATIO * low for x, u in zip(qbar, usable)]
-
-
 def relax_evs(w: list[float], home: list[float], usable: list[bool], dt: float) -> list[float] | None:
     """One step of a quiet plane's split (no EV queues, is marked or loses)
     back toward its configured one (`home`), with RELAX_TAU_S: split_evs
@@ -491,8 +466,7 @@ class Controller:
                             c=[None] * k, d=[None] * k, idle=[0] * k, min_rtt=[math.inf] * n,
                             min_prev=[math.inf] * n, window_start=now, ev_w=ev_w, ev_home=list(ev_w),
                             ev_c=[None] * n,
-                            ev_d=[None] * n, ev_idle=[0] * n, ev_q=[None] * n,
-                            ev_qbar=[0.0] * n)
+                            ev_d=[None] * n, ev_idle=[0] * n, ev_q=[None] * n)
             self.peers[peer.index] = st
         return st
 
@@ -776,18 +750,12 @@ class Controller:
             now_q = own_queues(qp, g)
             q_own = [None if a is None else (min(a, b) if b is not None else 0.0)
                      for a, b in zip(now_q, [st.ev_q[i] for i in g])]
-            gain = 1.0 - math.exp(-dt / QBAR_TAU_S) if dt > 0 else 0.0
             for k, i in enumerate(g):
                 st.ev_q[i] = now_q[k] if now_q[k] is not None else st.ev_q[i]
-                if now_q[k] is not None:
-                    st.ev_qbar[i] += gain * (min(now_q[k], QBAR_CLIP_US) - st.ev_qbar[i])
-            standing = standing_queues([st.ev_qbar[i] for i in g], [usable[i] for i in g]) \
-                if sum(sent[i] for i in g) >= QBAR_BUSY_BPS * dt else [False] * len(g)
             d = [st.ev_d[i] or 0.0 for i in g]
             q_sat = ev_q_sat(d, self.unit)
             q_own = with_marks(q_own, [marks[i] for i in g], q_sat)
-            q_own = [max(q or 0.0, 2 * q_sat) if lossy[i] or stood else q
-                     for q, i, stood in zip(q_own, g, standing)]
+            q_own = [max(q or 0.0, 2 * q_sat) if lossy[i] else q for q, i in zip(q_own, g)]
             out = split_evs([st.ev_w[i] for i in g], [st.ev_c[i] for i in g], d, q_own,
                             [sent[i] for i in g], [usable[i] for i in g], idle,
                             self.cfg.weights.min_weight, q_sat)
