@@ -618,10 +618,8 @@ class CrossTraffic:
 
     def _counted(self) -> tuple[int, int]:
         """(skbs, bytes) the far end's rule counted; removes the rule."""
-        r = subprocess.run(["ip", "netns", "exec", self.ns, "nft", "-j", "list", "table", "ip", self.table],
-                           capture_output=True, text=True)
-        subprocess.run(["ip", "netns", "exec", self.ns, "nft", "delete", "table", "ip", self.table],
-                       capture_output=True)
+        r = _run(["ip", "netns", "exec", self.ns, "nft", "-j", "list", "table", "ip", self.table], check=False)
+        _run(["ip", "netns", "exec", self.ns, "nft", "delete", "table", "ip", self.table], check=False)
         try:
             for x in json.loads(r.stdout)["nftables"]:
                 for e in x.get("rule", {}).get("expr", []):
