@@ -148,17 +148,18 @@ static __always_inline bool evidence_new(__u32 peer_idx, __u32 path_id,
  * recent (it wraps after ~36 min: an idle of 36-72 min made fresh echoes
  * look old for up to 36 min, issue #13.5); a last sample older than
  * EVIDENCE_RTT_MAX_US cannot be re-echoed as a sample anyway (its RTT would
- * exceed the cap), so it is simply expired.
+ * exceed the cap), so it is simply expired. held: the peer held the echo
+ * (MRC_F_EHELD), counted as a fresh echo but no sample.
  */
 static __always_inline void delay_sample(__u32 peer_idx, __u32 path, __u64 now,
-					 __u32 now_us, __u32 fb_ts)
+					 __u32 now_us, __u32 fb_ts, bool held)
 {
 	struct mrc_path_delay *d = path_entry(&mrc_path_delay, peer_idx, path);
 	__u32 rtt;
 
 	if (!d)
 		return;
-	if (d->samples && now - d->last_ns <= (__u64)EVIDENCE_RTT_MAX_US * 1000 &&
+	if ((d->samples || d->held) && now - d->last_ns <= (__u64)EVIDENCE_RTT_MAX_US * 1000 &&
 	    (__s32)(fb_ts - d->last_fb_ts) <= 0)
 		return;
 	rtt = now_us - fb_ts;
@@ -166,15 +167,21 @@ static __always_inline void delay_sample(__u32 peer_idx, __u32 path, __u64 now,
 		return;
 	d->last_fb_ts = fb_ts;
 	d->last_ns = now;
+	if (held) {
+		d->held += 1;
+		return;
+	}
 	d->rtt_us = rtt;
 	d->ewma_us = d->samples ? d->ewma_us - (d->ewma_us >> 2) + (rtt >> 2) : rtt;
 	d->samples += 1;
 }
 
 /* A feedback echo in a DATA unit from the peer: our path fb delivered the
- * packet we sent at fb_ts. */
+ * packet we sent at fb_ts. flags: the header's; an echo the peer held
+ * (MRC_F_EHELD) is evidence but no delay sample. */
 static __always_inline void evidence_echo(__u32 peer_idx, const struct mrc_peer *peer,
-					  __u32 fb, __u32 fb_ts, __u64 now, __u32 now_us)
+					  __u32 fb, __u32 fb_ts, __u8 flags, __u64 now,
+					  __u32 now_us)
 {
 	struct mrc_path_live *fb_live;
 
@@ -184,7 +191,7 @@ static __always_inline void evidence_echo(__u32 peer_idx, const struct mrc_peer 
 	if (!fb_live)
 		return;
 	path_acked(fb_live, now, now_us - fb_ts);
-	delay_sample(peer_idx, fb, now, now_us, fb_ts);
+	delay_sample(peer_idx, fb, now, now_us, fb_ts, flags & MRC_F_EHELD);
 	evidence_new(peer_idx, fb, fb_live, now, true);
 }
 

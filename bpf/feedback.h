@@ -33,6 +33,12 @@
 /* A path whose receipts no reverse data and no feedback frame echoed for
  * this long gets a feedback frame with the next DATA unit it delivers. */
 #define FEEDBACK_FRAME_AFTER_NS	1000000ULL
+/* An echo whose receipt is this old when it leaves says MRC_F_EHELD. The
+ * wait is the gap to the next reverse packet (an ACK after a batch, a busy
+ * CPU), and an EV that carries little meets it at most of its few echoes:
+ * read as delay, it looked like a queue of that EV's own and kept the EV
+ * starved (mrcctl/agent/weights.py, standing_queues). */
+#define FEEDBACK_HELD_NS	200000ULL
 /* Feedback frames per peer: a GCRA bucket (as probe.h's, in
  * mrc_peer_seq.fb_rl_tat: a map of its own would be held by no attached
  * program while the planes use XDP, and vanish) of FEEDBACK_RL_RATE
@@ -131,6 +137,8 @@ static __always_inline void feedback_pick(struct mrc_peer_seq *seq,
 		return;
 	u->flags |= MRC_F_FEEDBACK;
 	u->flags |= cong_echo_flags(peer_idx, p, l->last_rx_ns);
+	if (now - l->last_rx_ns >= FEEDBACK_HELD_NS)
+		u->flags |= MRC_F_EHELD;
 	u->fb_path = p;
 	u->fb_ts = l->last_rx_ts;
 	l->fb_echoed = u->fb_ts;

@@ -78,6 +78,11 @@ enum mrc_type {
 #define MRC_F_ELOSS	0x20	/* with MRC_F_FEEDBACK: the echoed path lost wire
 				 * packets lately, as its path_seq or its units'
 				 * segments showed (bpf/congest.h) */
+#define MRC_F_EHELD	0x40	/* with MRC_F_FEEDBACK: the echoed receipt waited
+				 * FEEDBACK_HELD_NS or more for a reverse packet
+				 * to carry it, so its age is not the path's
+				 * delay: the sender takes no delay sample from
+				 * it (bpf/feedback.h, evidence.h) */
 /* A non-TCP inner IPv6 GSO unit (UDP_SEGMENT) has no field that tells its
  * segments apart (no IPv6 ID; UDP datagrams carry no offset): it is sent
  * with segs = 1 and one PSN, every segment repeating it, and never hedged
@@ -481,14 +486,19 @@ struct mrc_reorder {
  * mrc_rx (evidence.h).
  */
 struct mrc_path_delay {
-	__u32	samples;	/* fresh echoes (wraps: readers compare it for
-				 * change, and 0 only restarts the EWMA) */
+	__u32	samples;	/* fresh echoes taken as samples (wraps:
+				 * readers compare it for change, and 0 only
+				 * restarts the EWMA) */
 	__u32	last_fb_ts;	/* newest echoed tx_ts seen */
 	__u32	rtt_us;		/* last fresh sample */
 	__u32	ewma_us;	/* EWMA of fresh samples, gain 1/4 */
-	__u64	last_ns;	/* when the last sample was taken (monotonic):
+	__u64	last_ns;	/* when the last fresh echo came (monotonic):
 				 * last_fb_ts, 32-bit microseconds, is compared
 				 * only while it is this recent (issue #13.5) */
+	__u32	held;		/* fresh echoes the peer held (MRC_F_EHELD):
+				 * no sample; samples + held is every fresh
+				 * echo (wraps) */
+	__u32	held_pad;	/* writer: none */
 };
 
 /*

@@ -251,12 +251,13 @@ static __always_inline int rx_account(__u32 peer_idx, __u32 path_id, __u32 psn,
 }
 
 /* evidence_echo() for the peer of peer_idx. */
-static __always_inline int rx_echo(__u32 peer_idx, __u32 fb, __u32 fb_ts, __u64 now)
+static __always_inline int rx_echo(__u32 peer_idx, __u32 fb, __u32 fb_ts, __u8 flags,
+				   __u64 now)
 {
 	struct mrc_peer *peer = peer_get(peer_idx);
 
 	if (peer)
-		evidence_echo(peer_idx, peer, fb, fb_ts, now, (__u32)(now / 1000));
+		evidence_echo(peer_idx, peer, fb, fb_ts, flags, now, (__u32)(now / 1000));
 	return 0;
 }
 
@@ -413,7 +414,7 @@ static __always_inline __u32 rx_data_body(void *ctx, bool tc, bool multi,
 	if (type == MRC_T_FEEDBACK) {
 		if (mh->flags & MRC_F_FEEDBACK) {
 			now = bpf_ktime_get_ns();
-			rx_echo(peer_idx, mh->fb_path, bpf_ntohl(mh->fb_ts), now);
+			rx_echo(peer_idx, mh->fb_path, bpf_ntohl(mh->fb_ts), mh->flags, now);
 			cong_echoed(peer_idx, mh->fb_path, bpf_ntohl(mh->fb_ts), mh->flags,
 				    cfg->cong_hold_us, now);
 		}
@@ -459,7 +460,7 @@ static __always_inline __u32 rx_data_body(void *ctx, bool tc, bool multi,
 	/* Feedback: the peer tells us one of OUR paths delivered a packet
 	 * we sent at fb_ts. */
 	if (receipt && (mh->flags & MRC_F_FEEDBACK)) {
-		rx_echo(peer_idx, mh->fb_path, bpf_ntohl(mh->fb_ts), now);
+		rx_echo(peer_idx, mh->fb_path, bpf_ntohl(mh->fb_ts), mh->flags, now);
 		cong_echoed(peer_idx, mh->fb_path, bpf_ntohl(mh->fb_ts), mh->flags,
 			    cfg->cong_hold_us, now);
 	}

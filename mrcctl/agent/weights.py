@@ -21,7 +21,9 @@ weight):
   d (exact, and local: MRC's planes are NICs, the first hop is the usual
   bottleneck); otherwise, or when larger, the queueing delay seen by the
   peer's feedback echoes: RTT minus the path's base (minimum) RTT, fresh
-  echoes only (mrc_path_delay, bpf/reorder.h), averaged over the plane's
+  echoes only, and none the peer held for a reverse packet to carry it
+  (MRC_F_EHELD: the wait is not the path's; mrc_path_delay, bpf/evidence.h),
+  averaged over the plane's
   paths, less the smallest such delay of any plane (delay that every plane
   shares, e.g. a busy CPU, is no plane's own queue);
 * capacity estimate c: a plane with a queue of its own (> 1.5 ms) is
@@ -60,7 +62,10 @@ they all share is no one's own), or CE marks on its echoes MARK_REL more
 often than a sibling's (with_marks: a fabric that marks is seen long before
 a queue stands, and TCP sprayed over paths of unequal delay backs off on the
 reordering before one does), or loss standing above its siblings' over the
-last second or so (loss_looks, lossy_evs); an EV with one is estimated at
+last second or so (loss_looks, lossy_evs), or a queue under the saturation
+threshold that stands, averaged over 40 ms, on two EVs at least at once
+(standing_queues: a link cross traffic keeps full, once TCP has backed
+off); an EV with one is estimated at
 what it carries, one without probes up, and each EV's share of its plane
 follows its estimate. A plane with none relaxes toward its configured split
 (relax_evs). Between planes, marks count where all of a plane's EVs are
@@ -112,8 +117,8 @@ from . import loop as agentmod
 log = logging.getLogger("mrc.weights")
 _PEER_AT = wire.Peer.offsets()
 _DELAY = struct.Struct(wire.PathDelay.fmt())
-_DELAY_SAMPLES, _DELAY_RTT, _DELAY_EWMA = (
-    [n for n, _f in wire.PathDelay.LAYOUT].index(k) for k in ("samples", "rtt_us", "ewma_us"))
+_DELAY_SAMPLES, _DELAY_RTT, _DELAY_EWMA, _DELAY_HELD = (
+    [n for n, _f in wire.PathDelay.LAYOUT].index(k) for k in ("samples", "rtt_us", "ewma_us", "held"))
 _CONG_CE, _CONG_LOSS = (wire.PathCong.offsets()[k] for k in ("ce_echoes", "loss_echoes"))
 
 SCALE = 240             # integer weights sum to this: 1/240 steps; a slot table repeats a
@@ -148,6 +153,17 @@ LOSS_LOOKS = 3.0        # ... stands at this count at least (lossy_evs; docs/fab
 LOSS_RATIO = 4.0        # ... and this many times the least lossy usable sibling's
 RELAX_TAU_S = 2.0       # a plane none of whose EVs queues, is marked or loses: its split returns
                         # toward the configured one with this time constant (relax_evs)
+QBAR_TAU_S = 0.04       # an EV's own queue averaged over time with this time constant: a link a
+                        # cross stream fills holds its EVs 0.3-1 ms above their siblings look after
+                        # look, under the saturation threshold; spikes of busy CPUs come and go
+QBAR_MIN_US = 250.0     # ... stands at this average at least (standing_queues)
+QBAR_CLIP_US = 1000.0   # ... to which a look adds at most this much: one echo delayed by
+                        # milliseconds (a busy CPU) is not a standing queue, two in a row are
+QBAR_RATIO = 3.0        # ... and this many times the least usable sibling's average
+QBAR_TOGETHER = 2       # ... on this many EVs at once: a link's queue delays all that cross it
+QBAR_MIN_SHARE = 0.25   # ... of those carrying this much of an even share at least
+QBAR_BUSY_BPS = 6.25e6  # ... on a plane sending this many bytes/s at least: the few echoes of a
+                        # plane that carries only ACKs scatter by more than such a queue
 MARK_REL = 0.25         # marked this much more often than a sibling: a congested link of its own
 EV_Q_SAT_US = 1000.0    # an EV's own queue this long says its link is full: TCP sprayed over
                         # paths of unequal delay backs off on the reordering, and a congested
@@ -186,6 +202,7 @@ class _PeerState:
     ev_d: list[float | None] = field(default_factory=list)
     ev_idle: list[int] = field(default_factory=list)
     ev_q: list[float | None] = field(default_factory=list)   # per path: its own queue at the last look
+    ev_qbar: list[float] = field(default_factory=list)       # per path: its own queue, averaged (standing_queues)
     last_marks: tuple | None = None      # per path: (CE echoes, loss echoes, echoes) at the last look
     ev_home: list[float] = field(default_factory=list)   # per path: its configured share of the plane
     loss_looks: list | None = None       # per path: decayed count of its looks that said loss (lossy_evs)
@@ -342,6 +359,27 @@ def lossy_evs(looks: list[float], usable: list[bool]) -> list[bool]:
     return [u and x >= LOSS_LOOKS and x >= LOSS_RATIO * low for x, u in zip(looks, usable)]
 
 
+def standing_queues(qbar: list[float], usable: list[bool], w: list[float]) -> list[bool]:
+    """One plane's EVs whose own queue stands: averaged over time (QBAR_TAU_S)
+    at QBAR_MIN_US at least and QBAR_RATIO times the least of its usable
+    siblings' averages, on QBAR_TOGETHER EVs at least at once (`w`: their
+    shares of the plane). A fabric link that cross traffic keeps full delays
+    its EVs by less than the saturation threshold (ev_q_sat) once TCP has
+    backed off, but at nearly every look and every EV that crosses it alike.
+    What delays one EV alone is the host: a busy CPU, a burst, or the echo
+    waiting for a reverse packet, which an EV carrying little meets at most
+    of its few echoes (an EV under QBAR_MIN_SHARE of an even share is not
+    judged: read as a queue, that wait kept a starved EV starved)."""
+    idx = [k for k, u in enumerate(usable) if u]
+    if len(idx) < 2:
+        return [False] * len(qbar)
+    low = min(qbar[k] for k in idx)
+    floor = QBAR_MIN_SHARE * sum(w[k] for k in idx) / len(idx)
+    out = [u and x >= QBAR_MIN_US and x >= QBAR_RATIO * low and s >= floor
+           for x, u, s in zip(qbar, usable, w)]
+    return out if sum(out) >= QBAR_TOGETHER else [False] * len(qbar)
+
+
 def relax_evs(w: list[float], home: list[float], usable: list[bool], dt: float) -> list[float] | None:
     """One step of a quiet plane's split (no EV queues, is marked or loses)
     back toward its configured one (`home`), with RELAX_TAU_S: split_evs
@@ -466,7 +504,8 @@ class Controller:
                             c=[None] * k, d=[None] * k, idle=[0] * k, min_rtt=[math.inf] * n,
                             min_prev=[math.inf] * n, window_start=now, ev_w=ev_w, ev_home=list(ev_w),
                             ev_c=[None] * n,
-                            ev_d=[None] * n, ev_idle=[0] * n, ev_q=[None] * n)
+                            ev_d=[None] * n, ev_idle=[0] * n, ev_q=[None] * n,
+                            ev_qbar=[0.0] * n)
             self.peers[peer.index] = st
         return st
 
@@ -554,12 +593,12 @@ class Controller:
         return out
 
     def read(self, peer: cfgmod.Peer, now: float = 0.0):
-        """(samples, rtt_us, ewma_us) of each path's mrc_path_delay, which
+        """(samples, rtt_us, ewma_us, held) of each path's mrc_path_delay, which
         paths are usable, and each path's tx bytes. The fields are sliced out
         of one batch read, not unpacked into objects: the step runs a hundred
         times a second per busy peer beside the traffic it steers."""
         stats_m, delay_m = self.dp.map("mrc_path_stats"), self.dp.map("mrc_path_delay")
-        delays = [(t[_DELAY_SAMPLES], t[_DELAY_RTT], t[_DELAY_EWMA]) for t in _DELAY.iter_unpack(
+        delays = [(t[_DELAY_SAMPLES], t[_DELAY_RTT], t[_DELAY_EWMA], t[_DELAY_HELD]) for t in _DELAY.iter_unpack(
             delay_m.read_raw(self.dp.path_idx(peer.index, 0), len(peer.paths)))]
         # tx_bytes of each path, summed over CPUs: one batch read of the
         # peer's range (every CPU's struct mrc_path_stats, 8-byte aligned)
@@ -627,14 +666,15 @@ class Controller:
             busy = sum(sent) / dt >= IDLE_BPS
             # queueing delay per path, from fresh echoes only
             qp: list[float | None] = [None] * n
-            for i, (n_samples, rtt_us, ewma_us) in enumerate(delays):
+            for i, (n_samples, rtt_us, ewma_us, _held) in enumerate(delays):
                 if n_samples != st.last_samples[i] and ewma_us:
                     st.min_rtt[i] = min(st.min_rtt[i], rtt_us or ewma_us)
                     qp[i] = max(0.0, ewma_us - min(st.min_rtt[i], st.min_prev[i]))
             for i in range(n):
                 rate = sent[i] / dt
                 st.ev_d[i] = rate if st.ev_d[i] is None else EWMA * rate + (1 - EWMA) * st.ev_d[i]
-            ce, lossy = self._marks(peer, st, samples, usable, dt) if busy else ([None] * n, [False] * n)
+            echoes = [d[0] + d[3] for d in delays]
+            ce, lossy = self._marks(peer, st, echoes, usable, dt) if busy else ([None] * n, [False] * n)
             split = busy and self.cfg.weights.per_ev and self._split(peer, st, qp, sent, usable, ce, lossy,
                                                                      dt, now)
             # per plane: the paths of a plane share its queue and its rate
@@ -703,10 +743,10 @@ class Controller:
             self._apply(peer, st)
         return IDLE_STEP_S if len(asleep) == len(self.by_index) else None
 
-    def _marks(self, peer: cfgmod.Peer, st: _PeerState, samples: list[int], usable: list[bool],
+    def _marks(self, peer: cfgmod.Peer, st: _PeerState, echoes: list[int], usable: list[bool],
                dt: float) -> tuple[list[float | None], list[bool]]:
-        """Per path: the fraction of its echoes (`samples`: the paths' echo
-        counts now) since the last look that said CE (None without an echo),
+        """Per path: the fraction of its echoes (`echoes`: the paths' fresh
+        echo counts now, held ones included) since the last look that said CE (None without an echo),
         and whether its loss stands against its plane's siblings (loss_looks,
         lossy_evs; mrc_path_cong, bpf/congest.h). CE counts only where the
         operator left ECN avoidance on (weights.ecn_hold_us > 0), loss where
@@ -719,11 +759,11 @@ class Controller:
         step = cong.value_size // 8
         ce = list(raw[_CONG_CE // 8::step]) if self.cfg.weights.ecn_hold_us else [0] * n
         loss = list(raw[_CONG_LOSS // 8::step]) if self.cfg.weights.loss else [0] * n
-        last, st.last_marks = st.last_marks, (ce, loss, samples)
+        last, st.last_marks = st.last_marks, (ce, loss, echoes)
         if last is None or len(last[0]) != n:
             return [None] * n, [False] * n
         ce_f = [min(1.0, (a - b) / (e - f)) if e > f else None
-                for a, b, e, f in zip(ce, last[0], samples, last[2])]
+                for a, b, e, f in zip(ce, last[0], echoes, last[2])]
         st.loss_looks = loss_looks([a > b for a, b in zip(loss, last[1])], st.loss_looks or [0.0] * n, dt)
         lossy = [False] * n
         for g in st.groups:
@@ -750,12 +790,19 @@ class Controller:
             now_q = own_queues(qp, g)
             q_own = [None if a is None else (min(a, b) if b is not None else 0.0)
                      for a, b in zip(now_q, [st.ev_q[i] for i in g])]
+            gain = 1.0 - math.exp(-dt / QBAR_TAU_S) if dt > 0 else 0.0
             for k, i in enumerate(g):
                 st.ev_q[i] = now_q[k] if now_q[k] is not None else st.ev_q[i]
+                if now_q[k] is not None:
+                    st.ev_qbar[i] += gain * (min(now_q[k], QBAR_CLIP_US) - st.ev_qbar[i])
+            standing = standing_queues([st.ev_qbar[i] for i in g], [usable[i] for i in g],
+                                       [st.ev_w[i] for i in g]) \
+                if sum(sent[i] for i in g) >= QBAR_BUSY_BPS * dt else [False] * len(g)
             d = [st.ev_d[i] or 0.0 for i in g]
             q_sat = ev_q_sat(d, self.unit)
             q_own = with_marks(q_own, [marks[i] for i in g], q_sat)
-            q_own = [max(q or 0.0, 2 * q_sat) if lossy[i] else q for q, i in zip(q_own, g)]
+            q_own = [max(q or 0.0, 2 * q_sat) if lossy[i] or stood else q
+                     for q, i, stood in zip(q_own, g, standing)]
             out = split_evs([st.ev_w[i] for i in g], [st.ev_c[i] for i in g], d, q_own,
                             [sent[i] for i in g], [usable[i] for i in g], idle,
                             self.cfg.weights.min_weight, q_sat)
@@ -776,6 +823,8 @@ class Controller:
                     "t": round(now, 4), "pid": os.getpid(), "peer": peer.name, "paths": g,
                     "q_own": [None if x is None else round(x) for x in q_own], "q_sat": round(q_sat),
                     "lossy": [i for i in g if lossy[i]],
+                    "qbar": [round(st.ev_qbar[i]) for i in g],
+                    "standing": [i for i, stood in zip(g, standing) if stood],
                     "d_mbit": [round((st.ev_d[i] or 0.0) * 8e-6, 1) for i in g],
                     "ev_w": [round(st.ev_w[i], 4) for i in g]}) + "\n")
         return moved

@@ -48,6 +48,7 @@ MRC_F_IPID = 0x04
 MRC_F_AUTH = 0x08           # an MRC_AUTH_LEN-byte MAC follows the header (bpf/auth.h)
 MRC_F_ECE = 0x10            # the echoed path brought a CE-marked packet lately (bpf/congest.h)
 MRC_F_ELOSS = 0x20          # the echoed path lost wire packets lately (bpf/congest.h)
+MRC_F_EHELD = 0x40          # the echoed receipt waited for its echo: no delay sample (bpf/feedback.h)
 MRC_AUTH_LEN = 8
 MRC_AUTH_MSG_LEN = 48       # what the MAC covers: MRC header + 20 bytes of struct mrc_auth_inner (inner IPv4)
 MRC_AUTH_MSG_LEN6 = 72      # ... + all 44 bytes of it (inner IPv6)
@@ -212,6 +213,7 @@ def c_constants() -> dict[str, int]:
         "MRC_F_AUTH": MRC_F_AUTH,
         "MRC_F_ECE": MRC_F_ECE,
         "MRC_F_ELOSS": MRC_F_ELOSS,
+        "MRC_F_EHELD": MRC_F_EHELD,
         "MRC_AUTH_LEN": MRC_AUTH_LEN,
         "MRC_AUTH_MSG_LEN": MRC_AUTH_MSG_LEN,
         "MRC_AUTH_MSG_LEN6": MRC_AUTH_MSG_LEN6,
@@ -726,7 +728,7 @@ class PathDelay(_Struct):
     """struct mrc_path_delay: RTT of our path from fresh feedback echoes."""
     C_NAME: ClassVar[str] = "mrc_path_delay"
     LAYOUT: ClassVar = (("samples", "I"), ("last_fb_ts", "I"), ("rtt_us", "I"),
-                        ("ewma_us", "I"), ("last_ns", "Q"))
+                        ("ewma_us", "I"), ("last_ns", "Q"), ("held", "I"), ("held_pad", "I"))
 
 
 @_struct

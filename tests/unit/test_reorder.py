@@ -191,9 +191,9 @@ def test_status_snapshot_shape_of_reorder(n_paths):
 
 # --- sender side: path delay from fresh feedback echoes ----------------------
 
-def feedback_frame(fb_path: int, fb_ts: int, psn: int) -> bytes:
+def feedback_frame(fb_path: int, fb_ts: int, psn: int, flags: int = wire.MRC_F_FEEDBACK) -> bytes:
     inner = pkt.ipv4(PEER_OVERLAY, LOCAL_OVERLAY, pkt.IPPROTO_TCP, pkt.tcp(5201, 40001, 0, b"a"))
-    return pkt.mrc_frame(inner=inner, path_id=0, psn=psn, flags=wire.MRC_F_FEEDBACK,
+    return pkt.mrc_frame(inner=inner, path_id=0, psn=psn, flags=flags,
                          fb_path=fb_path, fb_ts=fb_ts)
 
 
@@ -221,6 +221,28 @@ def test_path_delay_counts_fresh_echoes_only(dp):
     assert d2.samples == 2 and d2.last_fb_ts == ts2
     assert d2.ewma_us == d.ewma_us - (d.ewma_us >> 2) + (d2.rtt_us >> 2)
     assert delay(dp, 1).samples == 0
+
+
+def test_a_held_echo_is_evidence_but_no_delay_sample(dp):
+    """The peer held the echo for a reverse packet (MRC_F_EHELD): it counts
+    as a fresh echo (held; a repeat of it does not), dates the path's
+    evidence by its send time as any echo does, but is no RTT sample: the
+    wait would read as the path's delay, on an EV carrying little at most
+    of its echoes."""
+    from unit_dp import now_us
+    ts = (now_us() - 3000) & 0xFFFFFFFF
+    dp.run_rx(feedback_frame(2, ts, 0))
+    d, before = delay(dp, 2), dp.live(2).last_ack_ns
+    ts2 = (now_us() - 1000) & 0xFFFFFFFF
+    held = feedback_frame(2, ts2, 1, flags=wire.MRC_F_FEEDBACK | wire.MRC_F_EHELD)
+    assert dp.run_rx(held)[0] == XDP_PASS
+    d2 = delay(dp, 2)
+    assert (d2.samples, d2.held, d2.rtt_us, d2.ewma_us) == (1, 1, d.rtt_us, d.ewma_us)
+    assert d2.last_fb_ts == ts2
+    # dated by its send time, as the first: the two were sent ts2 - ts apart
+    assert abs(dp.live(2).last_ack_ns - before - 1000 * ((ts2 - ts) & 0xFFFFFFFF)) < 10_000
+    dp.run_rx(feedback_frame(2, ts2, 2, flags=wire.MRC_F_FEEDBACK | wire.MRC_F_EHELD))
+    assert delay(dp, 2).held == 1                                 # a repeat: nothing new
 
 
 @pytest.mark.parametrize("idle_min", [40, 60, 71])

@@ -274,6 +274,21 @@ def test_feedback_echo(dp):
     assert not mrc_of(out, 4).flags & wire.MRC_F_FEEDBACK
 
 
+def test_an_echo_says_held_when_its_receipt_waited(dp):
+    """The echo of a receipt that waited FEEDBACK_HELD_NS (200 us) or more
+    for a reverse packet says so (MRC_F_EHELD): its age includes the wait.
+    One that leaves right after its receipt does not."""
+    dp.set_slots([0])
+    dp.set_seq(fb_cursor=2)
+    dp.set_live(2, last_rx_ns=time.monotonic_ns(), last_rx_ts=0x100)
+    h = mrc_of(dp.run_tx(inner_udp(64))[1], 4)
+    assert h.fb_path == 2 and h.flags & wire.MRC_F_FEEDBACK and not h.flags & wire.MRC_F_EHELD
+    dp.set_seq(fb_cursor=2, psn=2)
+    dp.set_live(2, last_rx_ns=time.monotonic_ns() - 2_000_000, last_rx_ts=0x200)
+    h = mrc_of(dp.run_tx(inner_udp(64))[1], 4)
+    assert (h.fb_path, h.fb_ts) == (2, 0x200) and h.flags & wire.MRC_F_EHELD
+
+
 def test_table_flip(dp):
     """The control plane fills the idle table and flips mrc_peer.table."""
     dp.set_slots([0], which=0)
