@@ -203,6 +203,7 @@ class _PeerState:
     ev_idle: list[int] = field(default_factory=list)
     ev_q: list[float | None] = field(default_factory=list)   # per path: its own queue at the last look
     ev_qbar: list[float] = field(default_factory=list)       # per path: its own queue, averaged (standing_queues)
+    ev_stood: list[bool] = field(default_factory=list)       # per path: it stood at the last look (standing_queues)
     last_marks: tuple | None = None      # per path: (CE echoes, loss echoes, echoes) at the last look
     ev_home: list[float] = field(default_factory=list)   # per path: its configured share of the plane
     loss_looks: list | None = None       # per path: decayed count of its looks that said loss (lossy_evs)
@@ -359,7 +360,8 @@ def lossy_evs(looks: list[float], usable: list[bool]) -> list[bool]:
     return [u and x >= LOSS_LOOKS and x >= LOSS_RATIO * low for x, u in zip(looks, usable)]
 
 
-def standing_queues(qbar: list[float], usable: list[bool], w: list[float]) -> list[bool]:
+def standing_queues(qbar: list[float], usable: list[bool], w: list[float],
+                    stood: list[bool] | None = None) -> list[bool]:
     """One plane's EVs whose own queue stands: averaged over time (QBAR_TAU_S)
     at QBAR_MIN_US at least and QBAR_RATIO times the least of its usable
     siblings' averages, on QBAR_TOGETHER EVs at least at once (`w`: their
@@ -369,14 +371,19 @@ def standing_queues(qbar: list[float], usable: list[bool], w: list[float]) -> li
     What delays one EV alone is the host: a busy CPU, a burst, or the echo
     waiting for a reverse packet, which an EV carrying little meets at most
     of its few echoes (an EV under QBAR_MIN_SHARE of an even share is not
-    judged: read as a queue, that wait kept a starved EV starved)."""
+    judged: read as a queue, that wait kept a starved EV starved). An EV
+    that stood at the last look (`stood`) is judged whatever it carries now:
+    its share is the rule's doing, and dropping it from the count left its
+    sibling across the same link alone, so that sibling kept its share and
+    took the one given up (docs/fabric.md)."""
     idx = [k for k, u in enumerate(usable) if u]
     if len(idx) < 2:
         return [False] * len(qbar)
+    stood = stood or [False] * len(qbar)
     low = min(qbar[k] for k in idx)
     floor = QBAR_MIN_SHARE * sum(w[k] for k in idx) / len(idx)
-    out = [u and x >= QBAR_MIN_US and x >= QBAR_RATIO * low and s >= floor
-           for x, u, s in zip(qbar, usable, w)]
+    out = [u and x >= QBAR_MIN_US and x >= QBAR_RATIO * low and (s >= floor or was)
+           for x, u, s, was in zip(qbar, usable, w, stood)]
     return out if sum(out) >= QBAR_TOGETHER else [False] * len(qbar)
 
 
@@ -505,7 +512,7 @@ class Controller:
                             min_prev=[math.inf] * n, window_start=now, ev_w=ev_w, ev_home=list(ev_w),
                             ev_c=[None] * n,
                             ev_d=[None] * n, ev_idle=[0] * n, ev_q=[None] * n,
-                            ev_qbar=[0.0] * n)
+                            ev_qbar=[0.0] * n, ev_stood=[False] * n)
             self.peers[peer.index] = st
         return st
 
@@ -796,8 +803,10 @@ class Controller:
                 if now_q[k] is not None:
                     st.ev_qbar[i] += gain * (min(now_q[k], QBAR_CLIP_US) - st.ev_qbar[i])
             standing = standing_queues([st.ev_qbar[i] for i in g], [usable[i] for i in g],
-                                       [st.ev_w[i] for i in g]) \
+                                       [st.ev_w[i] for i in g], [st.ev_stood[i] for i in g]) \
                 if sum(sent[i] for i in g) >= QBAR_BUSY_BPS * dt else [False] * len(g)
+            for i, stood in zip(g, standing):
+                st.ev_stood[i] = stood
             d = [st.ev_d[i] or 0.0 for i in g]
             q_sat = ev_q_sat(d, self.unit)
             q_own = with_marks(q_own, [marks[i] for i in g], q_sat)

@@ -196,12 +196,15 @@ class Lab:
         return proc
 
     def start_sender(self, src: int, dst: int, nbytes: str = "64M", port: int = 5001, seed: int = 1,
-                     timeout: float = 60, max_rate: str | None = None):
-        """max_rate: the socket's pacing rate in bytes/s (xfer.py --max-rate)."""
+                     timeout: float = 60, max_rate: str | None = None, seconds: float | None = None):
+        """max_rate: the socket's pacing rate in bytes/s (xfer.py --max-rate);
+        seconds: send for this long, nbytes at a time (xfer.py --seconds)."""
         cmd = [sys.executable, XFER, "send", "--to", self.overlay(dst), "--port", str(port),
                "--bytes", nbytes, "--seed", str(seed), "--timeout", str(timeout)]
         if max_rate:
             cmd += ["--max-rate", max_rate]
+        if seconds:
+            cmd += ["--seconds", str(seconds)]
         return self.tb.popen(src, cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     @staticmethod

@@ -459,7 +459,7 @@ def test_an_evs_own_queue_counts_when_it_stood_at_two_looks_in_a_row():
     st = _state(1)
     st.groups, n = [[0, 1, 2, 3]], 4
     st.ev_w, st.ev_c, st.ev_d, st.ev_idle, st.ev_q = [0.25] * n, [None] * n, [200 * MB] * n, [0] * n, [None] * n
-    st.ev_qbar = [0.0] * n
+    st.ev_qbar, st.ev_stood = [0.0] * n, [False] * n
     st.ev_home = [0.25] * n
     peer = type("Peer", (), {"name": "p"})()
 
@@ -505,7 +505,7 @@ def test_an_own_queue_under_the_saturation_threshold_stands_when_it_holds():
     st = _state(1)
     st.groups, n = [[0, 1, 2, 3]], 4
     st.ev_w, st.ev_c, st.ev_d, st.ev_idle, st.ev_q = [0.25] * n, [None] * n, [19 * MB] * n, [0] * n, [None] * n
-    st.ev_qbar, st.ev_home = [0.0] * n, [0.25] * n
+    st.ev_qbar, st.ev_stood, st.ev_home = [0.0] * n, [False] * n, [0.25] * n
     peer = type("Peer", (), {"name": "p"})()
 
     def look(qp):
@@ -526,6 +526,12 @@ def test_an_own_queue_under_the_saturation_threshold_stands_when_it_holds():
     for k in range(5):
         look([200.0, 230.0, 750.0, 1050.0])
     assert max(st.ev_w[2:]) < 0.2 < min(st.ev_w[:2]), st.ev_w
+    # one of the two moved off far (under QBAR_MIN_SHARE of an even share),
+    # the other hardly: both keep standing while the link stays full
+    st.ev_w = [0.35, 0.35, 0.01, 0.29]
+    for k in range(10):
+        look([200.0, 230.0, 750.0, 1050.0])
+    assert st.ev_w[3] < 0.2 and st.ev_w[2] < 0.2, st.ev_w
     # a plane that carries only ACKs: its few echoes scatter, nothing stands
     st.ev_w, st.ev_c, st.ev_q, st.ev_qbar = [0.25] * n, [None] * n, [None] * n, [0.0] * n
     for _ in range(10):
@@ -539,6 +545,12 @@ def test_an_own_queue_under_the_saturation_threshold_stands_when_it_holds():
     assert W.standing_queues([400.0, 120.0, 100.0, 80.0], [True] * 4, even) == [False] * 4
     # an EV carrying little is not judged: its few echoes are no measure
     assert W.standing_queues([400.0, 500.0, 120.0, 80.0], [True] * 4, [0.01, 0.33, 0.33, 0.33]) == [False] * 4
+    # ... unless it stood at the last look: the rule moved it off, and its
+    # sibling across the same link must not be left to stand alone
+    assert W.standing_queues([400.0, 500.0, 120.0, 80.0], [True] * 4, [0.01, 0.33, 0.33, 0.33],
+                             [True, True, False, False]) == [True, True, False, False]
+    assert W.standing_queues([400.0, 500.0, 120.0, 80.0], [True] * 4, [0.01, 0.01, 0.49, 0.49],
+                             [True, False, False, False]) == [False] * 4
     assert W.standing_queues([200.0, 200.0, 0.0], [True] * 3, even[:3]) == [False] * 3   # under QBAR_MIN_US
 
 
@@ -568,7 +580,7 @@ def test_loss_on_an_ev_moves_its_share_and_it_comes_back_after():
     st = _state(1)
     st.groups, n = [[0, 1, 2, 3]], 4
     st.ev_w, st.ev_c, st.ev_d, st.ev_idle, st.ev_q = [0.25] * n, [None] * n, [50 * MB] * n, [0] * n, [None] * n
-    st.ev_qbar = [0.0] * n
+    st.ev_qbar, st.ev_stood = [0.0] * n, [False] * n
     st.ev_home = [0.25] * n
     peer = type("Peer", (), {"name": "p"})()
     qp = [200.0, 250.0, 220.0, 240.0]
