@@ -21,6 +21,9 @@ EV), mrc with `weights.loss = false` (the split does not read loss), mrc with
 (each plane's share spread evenly over its EVs, as before per-EV weights),
 MPTCP with one subflow per plane (each pinned to one spine by the leaf's hash).
 mrc is brought down and up before every trial, so each starts from even weights.
+The whole run's weights trace stays in --tmp (weights.jsonl), or in the file
+MRC_WEIGHTS_TRACE names, for a trial to be looked at afterwards (each trial's
+line on stdout has its clock readings: "start", "t0").
 
 Writes cross.md (the section between its markers) and cross.json into --out.
 """
@@ -104,13 +107,14 @@ def crossed_share(trace: Path, group: list[int], crossed: list[int], start: floa
 
 
 def show(method: str, tr: dict) -> None:
-    """One trial's line on stdout (its clock readings left out)."""
-    print(json.dumps({"method": method, **{k: v for k, v in tr.items() if k not in ("start", "t0")}}), flush=True)
+    """One trial's line on stdout, its clock readings (the agent's, as in the
+    weights trace) kept for finding the trial there."""
+    print(json.dumps({"method": method, **tr}), flush=True)
 
 
 def run(a, tmp: Path) -> list[dict]:
     rows = []
-    trace = tmp / "weights.jsonl"
+    trace = Path(os.environ.get("MRC_WEIGHTS_TRACE") or tmp / "weights.jsonl")
     trace.unlink(missing_ok=True)
     os.environ["MRC_WEIGHTS_TRACE"] = str(trace)    # the agents `mrcctl up` starts inherit it
     fabric = dict(spines=SPINES, leaves=2, link_rate=a.link_rate)
